@@ -1,0 +1,71 @@
+# gpuops.sandbox: one entry point for the environment, the lab, the main job and every test.
+#   make site    the main job: environment, lab, playbooks/site.yml on inventories/lab/
+#   make test    every test tier (lint, sanity, unit, integration); .ci/run calls this
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PY ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+COLL_LINK := .build/collections/ansible_collections/gpuops/sandbox
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export ANSIBLE_FORCE_COLOR ?= 0
+LAB := $(BIN)/python lab/gpulab.py
+
+.PHONY: venv hostdeps lab lab-stop lab-status lab-reset site test lint sanity unit integration \
+	molecule bench build clean
+
+# One command creates the Python environment from nothing (re-run when requirements change).
+venv: $(VENV)/.stamp $(COLL_LINK)
+$(VENV)/.stamp: requirements/controller.txt requirements/dev.txt requirements/constraints.txt
+	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check \
+		-r requirements/dev.txt -c requirements/constraints.txt
+	touch $@
+$(COLL_LINK):
+	mkdir -p $(dir $@)
+	ln -sfn ../../../.. $@
+
+# Host packages the lab needs (QEMU, debootstrap, ...); installs them when run as root with apt.
+hostdeps:
+	scripts/hostdeps.sh
+
+lab: venv hostdeps
+	$(LAB) start
+lab-stop: venv
+	$(LAB) stop
+lab-status: venv
+	$(LAB) status
+lab-reset: venv
+	$(LAB) reset
+
+# The main job on the embedded default: the local lab.
+site: lab
+	ansible-playbook playbooks/site.yml -i inventories/lab/
+
+test: lint sanity unit integration
+
+lint: venv
+	yamllint -s .
+	ansible-lint --profile production
+
+sanity: venv
+	scripts/run-sanity.sh
+
+unit: venv
+	pytest -q tests/unit
+
+integration: lab
+	pytest -q tests/integration
+
+bench: venv hostdeps
+	$(BIN)/python scripts/bench.py
+
+build: venv
+	mkdir -p .build/dist
+	ansible-galaxy collection build --force --output-path .build/dist
+
+clean:
+	-$(LAB) stop
+	rm -rf .build .lab tests/output

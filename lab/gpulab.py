@@ -1,0 +1,943 @@
+#!/usr/bin/env python3
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpulab: a local lab of QEMU virtual machines that behave like GPU hosts.
+
+Each lab host is a Debian 12 VM (q35 machine with an emulated Intel IOMMU) carrying stand-in devices
+where a GPU server has its GPUs:
+
+* 00:01.0  QEMU standard VGA (1234:1111, class 030000), the boot VGA device;
+* 00:03.0  edu (1234:11e8) with an HDA audio function (8086:293e) at 00:03.1 in the same IOMMU
+           group, like a GPU and its HDMI audio function;
+* a second edu behind its own PCIe root port, alone in its IOMMU group;
+* an NVMe controller behind a PCIe root port with SR-IOV (4 VFs), standing in for an SR-IOV GPU;
+* the kernel's `mtty` sample driver, loaded at boot, as a mediated-device (mdev) parent.
+
+The image boots through grub from a partitioned disk with ``intel_iommu=off`` on its command line, so
+turning the IOMMU on is a real bootloader change and a real reboot.
+
+Commands: image, start, stop, reset, status, ssh, info, inventory. Run with --help for details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("GPUOPS_LAB_CACHE") or os.path.join(TOP, ".cache", "lab")
+STATE = os.environ.get("GPUOPS_LAB_STATE") or os.path.join(TOP, ".lab")
+INVENTORY_DIR = os.environ.get("GPUOPS_LAB_INVENTORY") or os.path.join(TOP, "inventories", "lab")
+INVENTORY_HOSTS = os.path.join(INVENTORY_DIR, "hosts.yml")
+INVENTORY_CONNECTION = os.path.join(INVENTORY_DIR, "zz-lab-connection.yml")
+IMAGE_FILES = os.path.join(TOP, "lab", "image")
+
+# Bump when the image recipe changes: a cached image built by an older recipe is rebuilt.
+RECIPE_VERSION = "3"
+SUITE = "bookworm"
+IMAGE_NAME = "debian12-gpulab"
+DISK_SIZE = 4 * 1024 ** 3
+PART_OFFSET = 1024 * 1024
+PACKAGES = [
+    "systemd-sysv", "udev", "openssh-server", "python3", "kmod", "iproute2", "initramfs-tools",
+    "linux-image-amd64", "grub-pc", "pciutils", "procps", "sudo",
+]
+# Kernel arguments the pristine image boots with. intel_iommu=off is deliberate (see the docstring).
+IMAGE_CMDLINE = "console=ttyS0,115200 intel_iommu=off"
+SSH_USER = "root"
+MEMORY_MB = int(os.environ.get("GPUOPS_LAB_MEMORY", "1536"))
+CPUS = int(os.environ.get("GPUOPS_LAB_CPUS", "1"))
+BOOT_TIMEOUT = int(os.environ.get("GPUOPS_LAB_BOOT_TIMEOUT", "900"))
+FINALISE_MARKER = "GPULAB-FINALISE-OK"
+
+
+class LabError(Exception):
+    """An error the user can act on; printed without a traceback."""
+
+
+def log(msg):
+    print("gpulab: " + msg, flush=True)
+
+
+def run(cmd, timeout=600, check=True, capture=True, env=None, input_text=None):
+    """Run a command (list) with a timeout; raise LabError with its output when it fails."""
+    try:
+        proc = subprocess.run(
+            cmd, timeout=timeout, check=False, text=True, input=input_text,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.PIPE if capture else None,
+            env=env, stdin=None if input_text is not None else subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        raise LabError("command not found: %s" % cmd[0])
+    except subprocess.TimeoutExpired:
+        raise LabError("command timed out after %ss: %s" % (timeout, " ".join(cmd)))
+    if check and proc.returncode != 0:
+        tail = ((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-15:]
+        raise LabError("command failed (rc=%s): %s\n%s" % (proc.returncode, " ".join(cmd), "\n".join(tail)))
+    return proc
+
+
+def need_tools(*names):
+    missing = [n for n in names if shutil.which(n) is None]
+    if missing:
+        raise LabError(
+            "missing tools: %s. Run `make hostdeps` (as root it installs them with apt-get) or install "
+            "qemu-system-x86, qemu-utils, debootstrap, fdisk, e2fsprogs and openssh-client." % ", ".join(missing)
+        )
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold an exclusive lock file so two lab commands do not act on the same VMs at once."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log("another gpulab command holds %s; waiting for it" % os.path.basename(path))
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Lab hosts, read from the tracked inventory
+# ---------------------------------------------------------------------------------------------
+
+def lab_hosts():
+    """Return the host names of inventories/lab/hosts.yml, in file order."""
+    try:
+        import yaml  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        raise LabError("PyYAML is missing: run the lab through `make` (it creates the .venv) or pip install pyyaml")
+    try:
+        with open(INVENTORY_HOSTS) as handle:
+            data = yaml.safe_load(handle) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise LabError("cannot read the lab inventory %s: %s" % (INVENTORY_HOSTS, exc))
+    names = []
+
+    def walk(group):
+        if not isinstance(group, dict):
+            return
+        for name in (group.get("hosts") or {}):
+            if name not in names:
+                names.append(name)
+        for child in (group.get("children") or {}).values():
+            walk(child)
+
+    for group in data.values():
+        walk(group)
+    if not names:
+        raise LabError("the lab inventory %s names no hosts" % INVENTORY_HOSTS)
+    return names
+
+
+def select_hosts(requested):
+    known = lab_hosts()
+    if not requested:
+        return known
+    unknown = [h for h in requested if h not in known]
+    if unknown:
+        raise LabError("unknown lab host(s) %s; the lab has: %s" % (", ".join(unknown), ", ".join(known)))
+    return list(requested)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cached base image
+# ---------------------------------------------------------------------------------------------
+
+def image_path():
+    return os.path.join(CACHE, IMAGE_NAME + ".img")
+
+
+def manifest_path():
+    return os.path.join(CACHE, IMAGE_NAME + ".json")
+
+
+def head_digest(path, size=64 * 1024 * 1024):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        remaining = size
+        while remaining > 0:
+            chunk = handle.read(min(remaining, 1024 * 1024))
+            if not chunk:
+                break
+            digest.update(chunk)
+            remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+def image_problem():
+    """Return None when the cached image is usable, else why it is not (missing or corrupt)."""
+    img, man = image_path(), manifest_path()
+    if not os.path.exists(img) and not os.path.exists(man):
+        return "missing"
+    try:
+        with open(man) as handle:
+            manifest = json.load(handle)
+    except (OSError, ValueError) as exc:
+        return "corrupt: its manifest cannot be read (%s)" % exc
+    if manifest.get("recipe") != RECIPE_VERSION:
+        return "outdated: built by recipe %s, this lab uses %s" % (manifest.get("recipe"), RECIPE_VERSION)
+    try:
+        size = os.path.getsize(img)
+        with open(img, "rb") as handle:
+            mbr = handle.read(512)
+            handle.seek(PART_OFFSET + 1080)
+            magic = handle.read(2)
+    except OSError as exc:
+        return "corrupt: %s" % exc
+    if size != manifest.get("size"):
+        return "corrupt: size %s, expected %s" % (size, manifest.get("size"))
+    if mbr[510:512] != b"\x55\xaa" or magic != b"\x53\xef":
+        return "corrupt: no boot sector or no ext4 file system"
+    if head_digest(img) != manifest.get("head_sha256"):
+        return "corrupt: its first 64 MiB do not match the recorded checksum"
+    return None
+
+
+def image_manifest():
+    with open(manifest_path()) as handle:
+        return json.load(handle)
+
+
+def ensure_image(rebuild=False):
+    """Build the base image unless a valid one is cached; return its manifest."""
+    with locked(os.path.join(CACHE, "image.lock")):
+        problem = "rebuild requested" if rebuild else image_problem()
+        if problem is None:
+            return image_manifest()
+        if problem != "missing":
+            log("cached image %s is %s; rebuilding it" % (image_path(), problem))
+        build_image()
+        problem = image_problem()
+        if problem:
+            raise LabError("the image just built is %s" % problem)
+        return image_manifest()
+
+
+def write_file(root, path, text, mode=0o644):
+    full = os.path.join(root, path.lstrip("/"))
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "w") as handle:
+        handle.write(text)
+    os.chmod(full, mode)
+
+
+def build_mtty(kver):
+    """Build the kernel's mtty sample driver for `kver`; return the path of the cached mtty.ko."""
+    ko = os.path.join(CACHE, "mtty", kver, "mtty.ko")
+    if os.path.exists(ko):
+        return ko
+    headers = "/usr/src/linux-headers-%s" % kver
+    if not os.path.isdir(headers):
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            raise LabError("kernel headers %s are missing: install linux-headers-%s" % (headers, kver))
+        log("installing linux-headers-%s to build the mtty sample driver" % kver)
+        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "linux-headers-" + kver],
+            timeout=1200, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    series = ".".join(kver.split(".")[:2])
+    src_dir = os.path.join(CACHE, "src")
+    os.makedirs(src_dir, exist_ok=True)
+    debs = [f for f in os.listdir(src_dir) if f.startswith("linux-source-%s_" % series) and f.endswith(".deb")]
+    if not debs:
+        log("downloading linux-source-%s for samples/vfio-mdev/mtty.c" % series)
+        proc = subprocess.run(["apt-get", "download", "linux-source-" + series], cwd=src_dir, timeout=1200,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
+        if proc.returncode != 0:
+            raise LabError("apt-get download linux-source-%s failed: %s" % (series, proc.stderr.strip()))
+        debs = [f for f in os.listdir(src_dir) if f.startswith("linux-source-%s_" % series)]
+    build = os.path.join(CACHE, "mtty", kver, "build")
+    shutil.rmtree(build, ignore_errors=True)
+    os.makedirs(build)
+    member = "linux-source-%s/samples/vfio-mdev/mtty.c" % series
+    pipeline = "dpkg-deb --fsys-tarfile %s | tar -xO ./usr/src/linux-source-%s.tar.xz | tar -xJO %s > %s" % (
+        os.path.join(src_dir, sorted(debs)[-1]), series, member, os.path.join(build, "mtty.c"))
+    run(["bash", "-o", "pipefail", "-c", pipeline], timeout=600)
+    write_file(build, "Kbuild", "obj-m := mtty.o\n")
+    run(["make", "-s", "-C", headers, "M=" + build, "modules"], timeout=600)
+    shutil.copy2(os.path.join(build, "mtty.ko"), ko)
+    shutil.rmtree(build, ignore_errors=True)
+    return ko
+
+
+def configure_rootfs(rootfs, kver, mtty_ko):
+    """Write the lab's configuration into the debootstrapped tree."""
+    write_file(rootfs, "/etc/hostname", "gpulab\n")
+    write_file(rootfs, "/etc/hosts", "127.0.0.1 localhost\n127.0.1.1 gpulab\n")
+    write_file(rootfs, "/etc/fstab", "LABEL=gpulab-root / ext4 errors=remount-ro 0 1\n")
+    write_file(rootfs, "/etc/machine-id", "")
+    write_file(rootfs, "/etc/systemd/network/20-lab.network",
+               "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n")
+    grub = open(os.path.join(rootfs, "etc/default/grub")).read()
+    lines = []
+    for line in grub.splitlines():
+        if line.startswith("GRUB_TIMEOUT="):
+            line = "GRUB_TIMEOUT=0"
+        elif line.startswith("GRUB_CMDLINE_LINUX_DEFAULT="):
+            line = 'GRUB_CMDLINE_LINUX_DEFAULT="%s"' % IMAGE_CMDLINE
+        lines.append(line)
+    lines += ["GRUB_TERMINAL=console", "GRUB_DISABLE_OS_PROBER=true"]
+    write_file(rootfs, "/etc/default/grub", "\n".join(lines) + "\n")
+    # The per-lab SSH key comes from QEMU's fw_cfg at every boot, so the image holds no key.
+    write_file(rootfs, "/usr/local/sbin/gpulab-keys", """#!/bin/sh
+set -e
+modprobe qemu_fw_cfg 2>/dev/null || true
+src=/sys/firmware/qemu_fw_cfg/by_name/opt/gpuops/authorized_keys/raw
+[ -r "$src" ] || exit 0
+install -d -m 0700 /root/.ssh
+install -m 0600 "$src" /root/.ssh/authorized_keys
+""", 0o755)
+    write_file(rootfs, "/etc/systemd/system/gpulab-keys.service", """[Unit]
+Description=Install the lab's SSH key from QEMU fw_cfg
+Before=ssh.service
+After=systemd-modules-load.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/gpulab-keys
+
+[Install]
+WantedBy=multi-user.target
+""")
+    # One boot at build time installs grub on the partitioned disk through the real tools.
+    write_file(rootfs, "/etc/gpulab/finalise", "")
+    write_file(rootfs, "/usr/local/sbin/gpulab-finalise", """#!/bin/sh
+set -e
+grub-install --target=i386-pc /dev/vda
+update-grub
+rm -f /etc/gpulab/finalise
+sync
+echo %s > /dev/ttyS0
+systemctl poweroff
+""" % FINALISE_MARKER, 0o755)
+    write_file(rootfs, "/etc/systemd/system/gpulab-finalise.service", """[Unit]
+Description=Finish the gpulab image: install grub on the disk
+ConditionPathExists=/etc/gpulab/finalise
+After=local-fs.target systemd-udev-settle.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/gpulab-finalise
+StandardOutput=journal+console
+
+[Install]
+WantedBy=multi-user.target
+""")
+    # mtty: the kernel's sample mdev parent, loaded at boot.
+    dest = os.path.join(rootfs, "lib/modules", kver, "updates")
+    os.makedirs(dest, exist_ok=True)
+    shutil.copy2(mtty_ko, os.path.join(dest, "mtty.ko"))
+    write_file(rootfs, "/etc/modules-load.d/gpulab.conf", "mtty\n")
+    run(["chroot", rootfs, "depmod", kver], timeout=120)
+    run(["systemctl", "--root", rootfs, "enable", "systemd-networkd", "gpulab-keys.service",
+         "gpulab-finalise.service"], timeout=120)
+    run(["systemctl", "--root", rootfs, "mask", "systemd-networkd-wait-online.service",
+         "apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"], timeout=120)
+    for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        path = os.path.join(rootfs, sub)
+        for name in os.listdir(path):
+            full = os.path.join(path, name)
+            if os.path.isfile(full) and name != "lock":
+                os.unlink(full)
+
+
+def build_image():
+    """Build the base disk image: debootstrap, mtty, a partitioned disk, grub installed in one boot."""
+    if os.geteuid() != 0:
+        raise LabError("building the lab image needs root (debootstrap and chroot); run it as root once")
+    need_tools("debootstrap", "sfdisk", "mkfs.ext4", "qemu-system-x86_64", "make", "gcc", "dpkg-deb")
+    started = time.time()
+    work = os.path.join(CACHE, "build")
+    shutil.rmtree(work, ignore_errors=True)
+    rootfs = os.path.join(work, "rootfs")
+    debs = os.path.join(CACHE, "debs")
+    os.makedirs(rootfs)
+    os.makedirs(debs, exist_ok=True)
+    log("debootstrap %s (a few minutes the first time; packages are cached)" % SUITE)
+    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), "--cache-dir=" + debs,
+           SUITE, rootfs]
+    if os.environ.get("GPUOPS_LAB_MIRROR"):
+        cmd.append(os.environ["GPUOPS_LAB_MIRROR"])
+    run(cmd, timeout=1800, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    kvers = sorted(os.listdir(os.path.join(rootfs, "lib/modules")))
+    if len(kvers) != 1:
+        raise LabError("expected one kernel in the image, found: %s" % kvers)
+    kver = kvers[0]
+    log("building the mtty sample driver for %s" % kver)
+    mtty_ko = build_mtty(kver)
+    configure_rootfs(rootfs, kver, mtty_ko)
+    kernel = os.path.join(work, "vmlinuz")
+    initrd = os.path.join(work, "initrd.img")
+    shutil.copy2(os.path.join(rootfs, "boot", "vmlinuz-" + kver), kernel)
+    shutil.copy2(os.path.join(rootfs, "boot", "initrd.img-" + kver), initrd)
+    disk = os.path.join(work, "disk.img")
+    with open(disk, "wb") as handle:
+        handle.truncate(DISK_SIZE)
+    run(["sfdisk", "-q", disk], input_text="label: dos\nstart=2048, type=83, bootable\n", timeout=60)
+    fs_kib = (DISK_SIZE - PART_OFFSET) // 1024
+    log("writing the root file system into the disk image")
+    run(["mkfs.ext4", "-q", "-F", "-L", "gpulab-root", "-E", "offset=%d" % PART_OFFSET, "-d", rootfs,
+         disk, "%dk" % fs_kib], timeout=900)
+    shutil.rmtree(rootfs, ignore_errors=True)
+    log("first boot: installing grub on the disk with the image's own tools")
+    serial = os.path.join(work, "finalise.log")
+    accel = choose_accel(kernel, initrd)
+    cmd = qemu_base_cmd("gpulab-build", accel) + [
+        "-drive", "file=%s,if=virtio,format=raw" % disk,
+        "-kernel", kernel, "-initrd", initrd,
+        "-append", "root=/dev/vda1 ro console=ttyS0,115200 " + "intel_iommu=off",
+        "-serial", "file:" + serial, "-no-reboot", "-nic", "none",
+    ]
+    try:
+        subprocess.run(cmd, timeout=BOOT_TIMEOUT, check=False, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise LabError("the image's first boot did not finish in %ss; see %s" % (BOOT_TIMEOUT, serial))
+    if FINALISE_MARKER not in read_text(serial):
+        raise LabError("installing grub in the image failed; last console lines:\n%s" % tail_text(serial))
+    final = image_path()
+    os.replace(disk, final)
+    manifest = {
+        "recipe": RECIPE_VERSION, "kernel": kver, "size": os.path.getsize(final),
+        "head_sha256": head_digest(final), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "build_seconds": round(time.time() - started, 1), "cmdline": IMAGE_CMDLINE,
+        "id": hashlib.sha256(("%s-%s" % (time.time(), os.getpid())).encode()).hexdigest()[:12],
+    }
+    with open(manifest_path() + ".tmp", "w") as handle:
+        json.dump(manifest, handle, indent=2)
+    os.replace(manifest_path() + ".tmp", manifest_path())
+    shutil.rmtree(work, ignore_errors=True)
+    log("image ready: kernel %s, built in %.0fs" % (kver, time.time() - started))
+
+
+def read_text(path):
+    try:
+        with open(path, errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def tail_text(path, lines=20):
+    return "\n".join(read_text(path).strip().splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------------------------------
+# QEMU
+# ---------------------------------------------------------------------------------------------
+
+def qemu_base_cmd(name, accel):
+    machine = "q35,accel=%s" % accel
+    if accel == "kvm":
+        machine += ",kernel-irqchip=split"
+    return [
+        "qemu-system-x86_64", "-name", name, "-machine", machine, "-cpu", "max" if accel == "tcg" else "host",
+        "-smp", str(CPUS), "-m", str(MEMORY_MB), "-display", "none", "-monitor", "none",
+        "-device", "intel-iommu,intremap=on",
+    ]
+
+
+def stand_in_devices(nvme_serial):
+    """The devices that stand in for GPUs (see the module docstring)."""
+    return [
+        "-vga", "std",
+        "-device", "edu,addr=03.0,multifunction=on",
+        "-device", "ich9-intel-hda,addr=03.1",
+        "-device", "pcie-root-port,id=rp1,chassis=1,addr=04.0",
+        "-device", "nvme-subsys,id=subsys0",
+        "-device", "nvme,serial=%s,bus=rp1,subsys=subsys0,sriov_max_vfs=4,sriov_vq_flexible=8,"
+                   "sriov_vi_flexible=4,max_ioqpairs=12" % nvme_serial,
+        "-device", "pcie-root-port,id=rp2,chassis=2,addr=05.0",
+        "-device", "edu,bus=rp2",
+    ]
+
+
+def accel_cache_key():
+    qemu = run(["qemu-system-x86_64", "--version"], timeout=30).stdout.splitlines()[0]
+    return "%s|%s" % (os.uname().release, qemu)
+
+
+def choose_accel(kernel=None, initrd=None):
+    """KVM when it boots a kernel here, software emulation (TCG) otherwise; the probe is cached."""
+    forced = os.environ.get("GPUOPS_LAB_ACCEL")
+    if forced:
+        if forced not in ("kvm", "tcg"):
+            raise LabError("GPUOPS_LAB_ACCEL=%s: expected kvm or tcg" % forced)
+        return forced
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "tcg"
+    cache = os.path.join(CACHE, "accel.json")
+    key = accel_cache_key()
+    try:
+        with open(cache) as handle:
+            known = json.load(handle)
+        if known.get("key") == key and known.get("accel") in ("kvm", "tcg"):
+            return known["accel"]
+    except (OSError, ValueError):
+        pass
+    # Without a loose kernel at hand, the probe boots the cached image itself through grub.
+    accel = "kvm" if probe_kvm(kernel, initrd) else "tcg"
+    log("KVM %s; using %s" % ("works" if accel == "kvm" else "did not boot a kernel in time", accel))
+    os.makedirs(CACHE, exist_ok=True)
+    with open(cache, "w") as handle:
+        json.dump({"key": key, "accel": accel}, handle)
+    return accel
+
+
+def probe_kvm(kernel, initrd, seconds=25):
+    """Boot a kernel under KVM and watch the console for init starting."""
+    with tempfile.TemporaryDirectory() as tmp:
+        serial = os.path.join(tmp, "serial.log")
+        cmd = qemu_base_cmd("gpulab-kvm-probe", "kvm") + ["-serial", "file:" + serial, "-no-reboot", "-nic", "none"]
+        if kernel:
+            cmd += ["-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1"]
+        else:
+            cmd += ["-drive", "file=%s,if=virtio,format=raw,readonly=on" % image_path()]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        ok = False
+        deadline = time.time() + seconds
+        while time.time() < deadline and proc.poll() is None:
+            text = read_text(serial)
+            if "Run /init as init process" in text or "Freeing unused kernel" in text:
+                ok = True
+                break
+            time.sleep(0.5)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        return ok
+
+
+class Vm:
+    """One lab host: its overlay disk, QEMU process, SSH port and console log under .lab/<name>."""
+
+    def __init__(self, name):
+        self.name = name
+        self.dir = os.path.join(STATE, name)
+        self.disk = os.path.join(self.dir, "disk.qcow2")
+        self.pidfile = os.path.join(self.dir, "qemu.pid")
+        self.qmp = os.path.join(self.dir, "qmp.sock")
+        self.serial = os.path.join(self.dir, "console.log")
+        self.meta_path = os.path.join(self.dir, "vm.json")
+
+    # -- recorded state -----------------------------------------------------------------------
+    def meta(self):
+        try:
+            with open(self.meta_path) as handle:
+                return json.load(handle)
+        except (OSError, ValueError):
+            return {}
+
+    def save_meta(self, **values):
+        data = self.meta()
+        data.update(values)
+        os.makedirs(self.dir, exist_ok=True)
+        with open(self.meta_path + ".tmp", "w") as handle:
+            json.dump(data, handle, indent=2)
+        os.replace(self.meta_path + ".tmp", self.meta_path)
+
+    def pid(self):
+        try:
+            with open(self.pidfile) as handle:
+                return int(handle.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def process_alive(self):
+        pid = self.pid()
+        if not pid:
+            return False
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as handle:
+                cmdline = handle.read().split(b"\0")
+        except OSError:
+            return False
+        return b"qemu-system-x86_64" in os.path.basename(cmdline[0]) and self.name.encode() in cmdline
+
+    def qmp_command(self, command, timeout=10):
+        """Send one QMP command; return its answer dict, or None when QEMU does not answer."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(self.qmp)
+                reader = sock.makefile("r")
+                json.loads(reader.readline())  # greeting
+                sock.sendall(b'{"execute": "qmp_capabilities"}\n')
+                self._qmp_reply(reader)
+                sock.sendall(json.dumps({"execute": command}).encode() + b"\n")
+                return self._qmp_reply(reader)
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _qmp_reply(reader):
+        while True:
+            line = reader.readline()
+            if not line:
+                raise ValueError("QMP closed")
+            msg = json.loads(line)
+            if "return" in msg or "error" in msg:
+                return msg
+
+    def state(self):
+        """running, stale (pid file but no live QEMU), hung (QEMU alive, not running) or stopped."""
+        if self.process_alive():
+            reply = self.qmp_command("query-status")
+            if reply and reply.get("return", {}).get("status") == "running":
+                return "running"
+            return "hung"
+        if os.path.exists(self.pidfile):
+            return "stale"
+        return "stopped"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def ensure_overlay(self, manifest):
+        if os.path.exists(self.disk) and self.meta().get("image_id") == manifest["id"]:
+            return
+        if os.path.exists(self.disk):
+            log("%s: the base image changed; starting from a fresh copy of it" % self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        tmp = self.disk + ".tmp"
+        run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", image_path(), tmp], timeout=60)
+        os.replace(tmp, self.disk)
+        self.save_meta(image_id=manifest["id"], created=time.time())
+
+    def launch(self, manifest, accel, pubkey_file):
+        self.ensure_overlay(manifest)
+        for attempt in range(3):
+            port = self.meta().get("ssh_port")
+            if not port or not port_free(port) or attempt:
+                port = free_port()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.pidfile)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.qmp)
+            # Keep the previous console log for post-mortems.
+            if os.path.exists(self.serial):
+                os.replace(self.serial, self.serial + ".previous")
+            cmd = qemu_base_cmd(self.name, accel) + [
+                "-drive", "file=%s,if=none,id=disk0,format=qcow2" % self.disk,
+                "-device", "virtio-blk-pci,drive=disk0,addr=06.0",
+                "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port,
+                "-device", "virtio-net-pci,netdev=net0,addr=07.0",
+                "-fw_cfg", "name=opt/gpuops/authorized_keys,file=%s" % pubkey_file,
+                "-serial", "file:" + self.serial,
+                "-qmp", "unix:%s,server=on,wait=off" % self.qmp,
+                "-pidfile", self.pidfile, "-daemonize",
+            ] + stand_in_devices("gpulab-" + self.name)
+            proc = subprocess.run(cmd, timeout=120, check=False, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+            if proc.returncode == 0:
+                self.save_meta(ssh_port=port, accel=accel, started=time.time())
+                return port
+            err = proc.stderr.strip()
+            if "hostfwd" in err or "Could not set up host forwarding" in err:
+                log("%s: port %d was taken; trying another" % (self.name, port))
+                continue
+            raise LabError("%s: QEMU did not start (rc=%s): %s" % (self.name, proc.returncode, err))
+        raise LabError("%s: no free SSH port found after 3 tries" % self.name)
+
+    def kill(self, graceful_seconds=0):
+        """Power the VM off: ACPI power button first (when graceful), then QEMU quit, then SIGKILL."""
+        if self.process_alive():
+            if graceful_seconds:
+                self.qmp_command("system_powerdown")
+                deadline = time.time() + graceful_seconds
+                while time.time() < deadline and self.process_alive():
+                    time.sleep(1)
+            if self.process_alive():
+                self.qmp_command("quit")
+                deadline = time.time() + 10
+                while time.time() < deadline and self.process_alive():
+                    time.sleep(0.5)
+            if self.process_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid(), signal.SIGKILL)
+                time.sleep(1)
+        for path in (self.pidfile, self.qmp):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def port_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ssh_key():
+    """Return (private, public) paths of the lab's own SSH key, generating it on first use."""
+    key = os.path.join(STATE, "id_ed25519")
+    if not (os.path.exists(key) and os.path.exists(key + ".pub")):
+        need_tools("ssh-keygen")
+        os.makedirs(STATE, exist_ok=True)
+        for path in (key, key + ".pub"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpulab", "-f", key], timeout=30)
+    return key, key + ".pub"
+
+
+def ssh_cmd(port, *remote, connect_timeout=10):
+    key, _ = ssh_key()
+    return ["ssh", "-i", key, "-p", str(port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            "-o", "ConnectTimeout=%d" % connect_timeout, SSH_USER + "@127.0.0.1"] + list(remote)
+
+
+def wait_ssh(vm, port, timeout):
+    """Wait until SSH answers; fail early (with the console tail) when QEMU dies."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not vm.process_alive():
+            raise LabError("%s: QEMU exited while booting; last console lines:\n%s" % (vm.name, tail_text(vm.serial)))
+        try:
+            proc = subprocess.run(ssh_cmd(port, "true"), timeout=30, check=False, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if proc.returncode == 0:
+                return
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(2)
+    raise LabError("%s: no SSH on 127.0.0.1:%d after %ss; last console lines:\n%s"
+                   % (vm.name, port, timeout, tail_text(vm.serial)))
+
+
+def write_inventory(hosts):
+    """Write the connection part of inventories/lab (git-ignored; ports change from run to run)."""
+    key, _ = ssh_key()
+    rel_key = os.path.relpath(key, INVENTORY_DIR)
+    lines = [
+        "# Written by lab/gpulab.py at every start: how to reach the running lab VMs. Do not edit.",
+        "all:",
+        "  hosts:",
+    ]
+    for name in hosts:
+        port = Vm(name).meta().get("ssh_port")
+        if not port:
+            continue
+        lines += [
+            "    %s:" % name,
+            "      ansible_host: 127.0.0.1",
+            "      ansible_port: %d" % port,
+            "      ansible_user: %s" % SSH_USER,
+            "      ansible_ssh_private_key_file: \"{{ inventory_dir }}/%s\"" % rel_key,
+            "      ansible_python_interpreter: /usr/bin/python3",
+        ]
+    tmp = INVENTORY_CONNECTION + ".tmp"
+    with open(tmp, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    os.replace(tmp, INVENTORY_CONNECTION)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------------
+
+def cmd_image(args):
+    need_tools("qemu-system-x86_64", "qemu-img")
+    if args.verify:
+        problem = image_problem()
+        if problem:
+            raise LabError("cached image is %s" % problem)
+        log("cached image is valid: %s" % json.dumps(image_manifest()))
+        return
+    started = time.time()
+    manifest = ensure_image(rebuild=args.rebuild)
+    log("image %s (kernel %s) ready in %.1fs" % (manifest["id"], manifest["kernel"], time.time() - started))
+
+
+def cmd_start(args):
+    need_tools("qemu-system-x86_64", "qemu-img", "ssh", "ssh-keygen")
+    hosts = select_hosts(args.hosts)
+    manifest = ensure_image()
+    _, pub = ssh_key()
+    with locked(os.path.join(STATE, "lab.lock")):
+        accel = choose_accel()
+        booting = []
+        for name in hosts:
+            vm = Vm(name)
+            state = vm.state()
+            if state == "running":
+                log("%s: already running (ssh port %s)" % (name, vm.meta().get("ssh_port")))
+                booting.append((vm, vm.meta().get("ssh_port"), time.time()))
+                continue
+            if state in ("stale", "hung"):
+                log("%s: found %s (QEMU %s); restarting it" % (
+                    name, state, "gone, pid file left behind" if state == "stale" else "not running the guest"))
+                vm.kill()
+            port = vm.launch(manifest, accel, pub)
+            log("%s: booting (%s, ssh on 127.0.0.1:%d)" % (name, accel, port))
+            booting.append((vm, port, time.time()))
+        errors = []
+
+        def waiter(vm, port, t0):
+            try:
+                wait_ssh(vm, port, args.timeout)
+                vm.save_meta(boot_to_ssh=round(time.time() - t0, 1))
+                log("%s: ssh up after %.0fs" % (vm.name, time.time() - t0))
+            except LabError as exc:
+                errors.append(str(exc))
+
+        threads = [threading.Thread(target=waiter, args=item) for item in booting]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        write_inventory(lab_hosts())
+    if errors:
+        raise LabError("\n".join(errors))
+
+
+def cmd_stop(args):
+    hosts = select_hosts(args.hosts)
+    with locked(os.path.join(STATE, "lab.lock")):
+        threads = []
+        for name in hosts:
+            vm = Vm(name)
+            if vm.state() == "stopped":
+                log("%s: not running" % name)
+                continue
+            thread = threading.Thread(target=vm.kill, kwargs={"graceful_seconds": 0 if args.force else 60})
+            thread.start()
+            threads.append((name, thread))
+        for name, thread in threads:
+            thread.join()
+            log("%s: stopped" % name)
+
+
+def cmd_reset(args):
+    hosts = select_hosts(args.hosts)
+    running = []
+    with locked(os.path.join(STATE, "lab.lock")):
+        for name in hosts:
+            vm = Vm(name)
+            if vm.state() != "stopped":
+                running.append(name)
+            vm.kill()
+            for path in (vm.disk, vm.meta_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            log("%s: back to the pristine image" % name)
+    if running and not args.no_start:
+        args.hosts = running
+        cmd_start(args)
+
+
+def cmd_status(args):
+    hosts = select_hosts(args.hosts)
+    rows = [("HOST", "STATE", "PID", "SSH", "ACCEL", "BOOT-TO-SSH", "DISK")]
+    result = {}
+    for name in hosts:
+        vm = Vm(name)
+        meta = vm.meta()
+        state = vm.state()
+        disk = "%.0fM" % (os.path.getsize(vm.disk) / 1048576.0) if os.path.exists(vm.disk) else "-"
+        rows.append((name, state, str(vm.pid() or "-") if state != "stopped" else "-",
+                     "127.0.0.1:%s" % meta["ssh_port"] if meta.get("ssh_port") else "-",
+                     meta.get("accel", "-"), "%ss" % meta["boot_to_ssh"] if meta.get("boot_to_ssh") else "-", disk))
+        result[name] = dict(meta, state=state)
+    problem = image_problem()
+    if args.json:
+        print(json.dumps({"hosts": result, "image": problem or "ok"}, indent=2))
+        return
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    print("image: %s" % ("ok" if problem is None else problem))
+
+
+def cmd_info(args):
+    vm = Vm(select_hosts([args.host])[0])
+    key, _ = ssh_key()
+    print(json.dumps({"instance": vm.name, "address": "127.0.0.1", "user": SSH_USER,
+                      "port": vm.meta().get("ssh_port"), "identity_file": key, "state": vm.state()}))
+
+
+def cmd_ssh(args):
+    vm = Vm(select_hosts([args.host])[0])
+    if vm.state() != "running":
+        raise LabError("%s is not running; start it with `gpulab start %s`" % (vm.name, vm.name))
+    os.execvp("ssh", ssh_cmd(vm.meta()["ssh_port"], *args.command))
+
+
+def cmd_inventory(_args):
+    write_inventory(lab_hosts())
+    log("wrote %s" % os.path.relpath(INVENTORY_CONNECTION, TOP))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="gpulab", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("image", help="build the base image unless a valid one is cached")
+    p.add_argument("--rebuild", action="store_true", help="rebuild even when a valid image is cached")
+    p.add_argument("--verify", action="store_true", help="only check the cached image")
+    p.set_defaults(func=cmd_image)
+    for name, func, text in (("start", cmd_start, "start lab hosts (a no-op for running ones)"),
+                             ("stop", cmd_stop, "power lab hosts off"),
+                             ("reset", cmd_reset, "discard a host's changes: back to the pristine image"),
+                             ("status", cmd_status, "show the state of every lab host")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("hosts", nargs="*", help="lab hosts (default: all in inventories/lab/hosts.yml)")
+        p.set_defaults(func=func, timeout=BOOT_TIMEOUT)
+        if name in ("start", "reset"):
+            p.add_argument("--timeout", type=int, default=BOOT_TIMEOUT, help="seconds to wait for SSH")
+        if name == "stop":
+            p.add_argument("--force", action="store_true", help="pull the plug instead of an ACPI shutdown")
+        if name == "reset":
+            p.add_argument("--no-start", action="store_true", help="leave reset hosts stopped")
+        if name == "status":
+            p.add_argument("--json", action="store_true")
+    p = sub.add_parser("info", help="connection details of one host, as JSON")
+    p.add_argument("host")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("ssh", help="open a shell (or run a command) on a lab host")
+    p.add_argument("host")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_ssh)
+    p = sub.add_parser("inventory", help="rewrite inventories/lab/zz-lab-connection.yml")
+    p.set_defaults(func=cmd_inventory)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except LabError as exc:
+        print("gpulab: error: %s" % exc, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gpulab: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # pylint: disable=broad-except
+        if os.environ.get("GPULAB_DEBUG"):
+            raise
+        print("gpulab: unexpected error: %s: %s (set GPULAB_DEBUG=1 for a traceback)"
+              % (type(exc).__name__, exc), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

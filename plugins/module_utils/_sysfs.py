@@ -1,0 +1,103 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Private helpers for reading and writing sysfs, shared by the host modules.
+
+This file is private to the gpuops.sandbox collection: its interface may change at any time.
+Every function takes the filesystem root as an argument (default ``/``) so unit tests can build a
+fake tree under a temporary directory instead of patching ``open``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+PCI_ADDRESS_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+SHORT_PCI_ADDRESS_RE = re.compile(r"^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+class SysfsError(Exception):
+    """A sysfs read or write failed, or an input did not name a real object.
+
+    ``path`` is the sysfs path involved (relative to the root), when there is one.
+    """
+
+    def __init__(self, msg, path=None):
+        super().__init__(msg)
+        self.msg = msg
+        self.path = path
+
+
+def host_path(root, path):
+    """Return ``path`` (an absolute host path such as ``/sys/bus/pci``) placed under ``root``."""
+    return os.path.join(root or "/", path.lstrip("/"))
+
+
+def normalize_pci_address(address):
+    """Return the canonical lower-case ``DDDD:BB:SS.F`` form of a PCI address.
+
+    Accepts the short ``BB:SS.F`` form (domain 0000). Raises SysfsError naming the bad value and
+    the accepted form otherwise.
+    """
+    if not isinstance(address, str):
+        raise SysfsError("PCI address %r is not a string; expected DDDD:BB:SS.F, e.g. 0000:65:00.0" % (address,))
+    text = address.strip()
+    if SHORT_PCI_ADDRESS_RE.match(text):
+        text = "0000:" + text
+    if not PCI_ADDRESS_RE.match(text):
+        raise SysfsError(
+            "PCI address %r is not valid; expected DDDD:BB:SS.F (hex domain, bus, slot, function 0-7), "
+            "e.g. 0000:65:00.0" % (address,)
+        )
+    return text.lower()
+
+
+def pci_device_dir(address, root="/"):
+    """Return the sysfs directory of a PCI function, checking it exists and resolves under /sys/devices."""
+    addr = normalize_pci_address(address)
+    link = host_path(root, "/sys/bus/pci/devices/" + addr)
+    if not os.path.exists(link):
+        raise SysfsError("PCI device %s does not exist on this host (no %s)" % (addr, "/sys/bus/pci/devices/" + addr),
+                         path=link)
+    real = os.path.realpath(link)
+    devices_top = os.path.realpath(host_path(root, "/sys/devices"))
+    if not (real == devices_top or real.startswith(devices_top + os.sep)):
+        raise SysfsError("PCI device %s resolves outside /sys/devices; refusing to use it" % addr, path=link)
+    return link
+
+
+def read_attr(path, default=None):
+    """Read a sysfs attribute as stripped text; ``default`` when it does not exist (None: raise)."""
+    try:
+        with open(path, "r") as handle:
+            return handle.read().strip()
+    except (IOError, OSError) as exc:
+        if default is not None and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return default
+        raise SysfsError("cannot read %s: %s" % (path, exc.strerror or exc), path=path)
+
+
+def write_attr(path, value):
+    """Write ``value`` to a sysfs attribute in one write call; raise SysfsError with the errno text."""
+    data = value if isinstance(value, str) else str(value)
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError as exc:
+        raise SysfsError("cannot open %s for writing: %s" % (path, exc.strerror or exc), path=path)
+    try:
+        os.write(fd, data.encode("utf-8"))
+    except OSError as exc:
+        raise SysfsError("writing %r to %s failed: %s" % (data.strip(), path, exc.strerror or exc), path=path)
+    finally:
+        os.close(fd)
+
+
+def link_name(path):
+    """Return the last component of a symlink's target (e.g. the driver name), or None if no link."""
+    if not os.path.islink(path):
+        return None
+    return os.path.basename(os.readlink(path))

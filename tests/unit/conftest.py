@@ -1,0 +1,13 @@
+"""Make the checkout importable as ansible_collections.gpuops.sandbox for plain pytest runs.
+
+`make venv` links the checkout at .build/collections/ansible_collections/gpuops/sandbox; under
+ansible-test the collection is already on the path and this does nothing.
+"""
+
+import os
+import sys
+
+_TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_COLLECTIONS = os.path.join(_TOP, ".build", "collections")
+if os.path.isdir(_COLLECTIONS) and _COLLECTIONS not in sys.path:
+    sys.path.insert(0, _COLLECTIONS)
