@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 # Copyright (c) gpuops.sandbox contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -621,7 +621,10 @@ class Vm:
         self.ensure_overlay(manifest)
         for attempt in range(3):
             port = self.meta().get("ssh_port")
-            if not port or not port_free(port) or attempt:
+            if port and not attempt and not port_free(port):
+                log("%s: port %d is taken by another program; using a free one" % (self.name, port))
+                port = None
+            if not port or attempt:
                 port = free_port()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.pidfile)
@@ -703,7 +706,7 @@ def ssh_key():
 
 
 def ssh_cmd(port, *remote, connect_timeout=10):
-    key, _ = ssh_key()
+    key = ssh_key()[0]
     return ["ssh", "-i", key, "-p", str(port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
             "-o", "ConnectTimeout=%d" % connect_timeout, SSH_USER + "@127.0.0.1"] + list(remote)
@@ -729,9 +732,10 @@ def wait_ssh(vm, port, timeout):
 
 def write_inventory(hosts):
     """Write the connection part of inventories/lab (git-ignored; ports change from run to run)."""
-    key, _ = ssh_key()
+    key = ssh_key()[0]
     rel_key = os.path.relpath(key, INVENTORY_DIR)
     lines = [
+        "---",
         "# Written by lab/gpulab.py at every start: how to reach the running lab VMs. Do not edit.",
         "all:",
         "  hosts:",
@@ -775,7 +779,7 @@ def cmd_start(args):
     need_tools("qemu-system-x86_64", "qemu-img", "ssh", "ssh-keygen")
     hosts = select_hosts(args.hosts)
     manifest = ensure_image()
-    _, pub = ssh_key()
+    pub = ssh_key()[1]
     with locked(os.path.join(STATE, "lab.lock")):
         accel = choose_accel()
         booting = []
@@ -860,7 +864,7 @@ def cmd_status(args):
         rows.append((name, state, str(vm.pid() or "-") if state != "stopped" else "-",
                      "127.0.0.1:%s" % meta["ssh_port"] if meta.get("ssh_port") else "-",
                      meta.get("accel", "-"), "%ss" % meta["boot_to_ssh"] if meta.get("boot_to_ssh") else "-", disk))
-        result[name] = dict(meta, state=state)
+        result[name] = dict(meta, state=state, pid=vm.pid() if state != "stopped" else None)
     problem = image_problem()
     if args.json:
         print(json.dumps({"hosts": result, "image": problem or "ok"}, indent=2))
@@ -873,7 +877,7 @@ def cmd_status(args):
 
 def cmd_info(args):
     vm = Vm(select_hosts([args.host])[0])
-    key, _ = ssh_key()
+    key = ssh_key()[0]
     print(json.dumps({"instance": vm.name, "address": "127.0.0.1", "user": SSH_USER,
                       "port": vm.meta().get("ssh_port"), "identity_file": key, "state": vm.state()}))
 
@@ -891,7 +895,7 @@ def cmd_inventory(_args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="gpulab", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="gpulab", description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("image", help="build the base image unless a valid one is cached")
     p.add_argument("--rebuild", action="store_true", help="rebuild even when a valid image is cached")

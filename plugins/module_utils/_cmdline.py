@@ -1,0 +1,651 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Private helpers for the kernel command line: argument validation, merging, and the boot files.
+
+This file is private to the gpuops.sandbox collection: its interface may change at any time.
+Everything here is plain Python that raises CmdlineError; only the module turns errors into
+``fail_json``. Every function that reads the filesystem takes the root as an argument (default ``/``)
+so unit tests can build a fake tree under a temporary directory.
+
+Vocabulary:
+  token   one word of an existing command line, kept byte for byte (``console=ttyS0,115200``)
+  arg     a validated request (``KernelArg``) coming from the user
+  segment a list of tokens; the grub backend works on two (GRUB_CMDLINE_LINUX, then _DEFAULT)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+GRUB_DEFAULTS = "/etc/default/grub"
+GRUB_DROPIN_DIR = "/etc/default/grub.d"
+KERNEL_CMDLINE_FILE = "/etc/kernel/cmdline"
+PROC_CMDLINE = "/proc/cmdline"
+BLS_ENTRIES_DIR = "/boot/loader/entries"
+
+GRUB_LINUX = "GRUB_CMDLINE_LINUX"
+GRUB_LINUX_DEFAULT = "GRUB_CMDLINE_LINUX_DEFAULT"
+GRUB_VARS = (GRUB_LINUX, GRUB_LINUX_DEFAULT)
+
+KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:=/+@%~-]+$")
+ACCEPTED_TEXT = (
+    "a string KEY or KEY=VALUE, where KEY is letters, digits, '_', '-' and '.' (not starting with '-' or '.') "
+    "and VALUE is letters, digits and any of _ . , : = / + @ % ~ -"
+)
+# Tokens the boot loader adds by itself and which never belong in a configuration file.
+LOADER_TOKENS = ("BOOT_IMAGE", "initrd")
+
+
+class CmdlineError(Exception):
+    """Bad input, an unreadable boot file, or a configuration this code refuses to guess about.
+
+    ``path`` names the file involved, when there is one.
+    """
+
+    def __init__(self, msg, path=None):
+        super().__init__(msg)
+        self.msg = msg
+        self.path = path
+
+
+def host_path(root, path):
+    """Return ``path`` (an absolute host path such as ``/etc/default/grub``) placed under ``root``."""
+    return os.path.join(root or "/", path.lstrip("/"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments and tokens
+# ---------------------------------------------------------------------------------------------
+
+def normalize_key(key):
+    """The kernel treats '-' and '_' alike in parameter names (``parameq``); compare keys that way."""
+    return key.replace("-", "_")
+
+
+def split_token(token):
+    """Return ``(normalized key, value or None)`` of one command-line token."""
+    key, sep, value = token.partition("=")
+    return normalize_key(key), (value if sep else None)
+
+
+class KernelArg:
+    """One validated argument: ``text`` as given, its normalized ``key`` and ``value`` (None if bare)."""
+
+    def __init__(self, text):
+        self.text = text
+        self.key, self.value = split_token(text)
+
+    def same_key(self, token):
+        return split_token(token)[0] == self.key
+
+    def equals(self, token):
+        return split_token(token) == (self.key, self.value)
+
+    def __repr__(self):
+        return "KernelArg(%r)" % self.text
+
+
+def _describe(value):
+    kind = {bool: "a boolean", type(None): "null", int: "an integer", float: "a number",
+            dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
+    return kind
+
+
+def parse_arg(item):
+    """Validate one user argument and return a KernelArg; raise CmdlineError naming the bad value.
+
+    The text ends up inside a shell-sourced grub defaults file and on boot loader command lines, so
+    only a conservative character set is accepted; quoting is never attempted.
+    """
+    if not isinstance(item, str):
+        hint = ""
+        if isinstance(item, bool) or item is None:
+            hint = " (YAML turns unquoted on/off/yes/no/true/false/~/null into booleans or null; quote it)"
+        raise CmdlineError("kernel argument %r is %s, not a string%s; accepted: %s"
+                           % (item, _describe(item), hint, ACCEPTED_TEXT))
+    if item == "":
+        raise CmdlineError("kernel argument '' is empty; accepted: %s" % ACCEPTED_TEXT)
+    key, sep, value = item.partition("=")
+    if not KEY_RE.match(key):
+        raise CmdlineError("kernel argument %r has an unsafe or invalid key %r; accepted: %s"
+                           % (item, key, ACCEPTED_TEXT))
+    if sep and not value:
+        raise CmdlineError("kernel argument %r has '=' but no value; give KEY=VALUE, or KEY alone for a flag"
+                           % (item,))
+    if sep and not VALUE_RE.match(value):
+        bad = sorted(set(ch for ch in value if not VALUE_RE.match(ch)))
+        raise CmdlineError("kernel argument %r contains characters that are not accepted (%s); accepted: %s"
+                           % (item, ", ".join(repr(ch) for ch in bad), ACCEPTED_TEXT))
+    return KernelArg(item)
+
+
+def parse_args(items, state, replace_values=True):
+    """Validate the whole request before anything is read or written.
+
+    Exact repeats are merged. With ``state=present`` and ``replace_values``, two different values
+    for one key are a contradiction and are refused rather than resolved silently.
+    """
+    if not isinstance(items, list) or not items:
+        raise CmdlineError("args must be a non-empty list of kernel arguments; accepted items: %s" % ACCEPTED_TEXT)
+    result = []
+    for item in items:
+        arg = parse_arg(item)
+        if any(prev.equals(arg.text) for prev in result):
+            continue
+        if state == "present" and replace_values:
+            clash = [prev.text for prev in result if prev.key == arg.key]
+            if clash:
+                raise CmdlineError(
+                    "args ask for %s and %r at the same time; with replace_values=true a key keeps one value. "
+                    "Set replace_values=false for keys that may repeat (such as console)"
+                    % (", ".join(repr(c) for c in clash), arg.text))
+        result.append(arg)
+    return result
+
+
+def split_cmdline(text):
+    """Split a command line into tokens the way the kernel does (whitespace, double quotes group).
+
+    Tokens keep their original text, quotes included, so unrelated arguments are written back unchanged.
+    """
+    tokens = []
+    current = []
+    in_quote = False
+    for ch in text or "":
+        if ch == '"':
+            in_quote = not in_quote
+            current.append(ch)
+        elif ch.isspace() and not in_quote:
+            if current:
+                tokens.append("".join(current))
+                current = []
+        else:
+            current.append(ch)
+    if current:
+        tokens.append("".join(current))
+    return tokens
+
+
+def apply_args(segments, args, state, replace_values=True, target=0):
+    """Return new copies of ``segments`` (lists of tokens) with the request applied.
+
+    present, replace_values: the first token with the key is replaced in place, other tokens with that
+      key (duplicates included) are removed; when the key is missing the arg is appended to
+      ``segments[target]``.
+    present, not replace_values: unless the exact token exists, inserted after the last token with the
+      same key (so a new console= comes last, as the kernel expects), or appended to ``segments[target]``.
+    absent KEY: every token with that key goes, whatever its value. absent KEY=VALUE: only that value.
+    Tokens not named by the request keep their text and order.
+    """
+    segs = [list(seg) for seg in segments]
+    for arg in args:
+        if state == "absent":
+            if arg.value is None:
+                segs = [[t for t in seg if not arg.same_key(t)] for seg in segs]
+            else:
+                segs = [[t for t in seg if not arg.equals(t)] for seg in segs]
+            continue
+        if not replace_values:
+            if not any(arg.equals(t) for seg in segs for t in seg):
+                last = [(si, ti) for si, seg in enumerate(segs) for ti, t in enumerate(seg) if arg.same_key(t)]
+                if last:
+                    segs[last[-1][0]].insert(last[-1][1] + 1, arg.text)
+                else:
+                    segs[target].append(arg.text)
+            continue
+        placed = False
+        new_segs = []
+        for seg in segs:
+            new_seg = []
+            for tok in seg:
+                if arg.same_key(tok):
+                    if not placed:
+                        new_seg.append(arg.text if not arg.equals(tok) else tok)
+                        placed = True
+                    continue
+                new_seg.append(tok)
+            new_segs.append(new_seg)
+        segs = new_segs
+        if not placed:
+            segs[target].append(arg.text)
+    return segs
+
+
+def satisfies(tokens, args, state, replace_values=True):
+    """True when ``tokens`` (one command line) already has the wanted state for every arg."""
+    for arg in args:
+        same = [t for t in tokens if arg.same_key(t)]
+        if state == "absent":
+            if arg.value is None and same:
+                return False
+            if arg.value is not None and any(arg.equals(t) for t in same):
+                return False
+        elif replace_values:
+            if not same or not all(arg.equals(t) for t in same):
+                return False
+        elif not any(arg.equals(t) for t in same):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+def read_text(path, missing=None):
+    """Read a text file; return ``missing`` when it does not exist (``missing=None`` still means absent)."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="surrogateescape") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return missing
+    except (IOError, OSError) as exc:
+        raise CmdlineError("cannot read %s: %s" % (path, exc.strerror or exc), path=path)
+
+
+def read_proc_cmdline(root="/"):
+    """Tokens of the running kernel's command line, or None when /proc/cmdline is missing."""
+    text = read_text(host_path(root, PROC_CMDLINE))
+    if text is None:
+        return None
+    return split_cmdline(text)
+
+
+def strip_loader_tokens(tokens):
+    """Drop ``BOOT_IMAGE=`` and ``initrd=`` which the boot loader adds (as kernel-install does)."""
+    return [t for t in tokens if t.partition("=")[0] not in LOADER_TOKENS]
+
+
+def read_kernel_cmdline_file(root="/"):
+    """Tokens of /etc/kernel/cmdline (all lines joined, as kernel-install reads it), or None if missing."""
+    text = read_text(host_path(root, KERNEL_CMDLINE_FILE))
+    if text is None:
+        return None
+    return split_cmdline(text)
+
+
+def render_kernel_cmdline_file(tokens):
+    return " ".join(tokens) + "\n"
+
+
+def bls_entry_files(root="/"):
+    """BLS entry files (``/boot/loader/entries/*.conf``), sorted."""
+    return sorted(glob.glob(os.path.join(host_path(root, BLS_ENTRIES_DIR), "*.conf")))
+
+
+def read_bls_options(path):
+    """Tokens of the ``options`` line of one BLS entry (None when the entry has no such line)."""
+    text = read_text(path, missing="")
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("options") and (len(stripped) == 7 or stripped[7].isspace()):
+            return split_cmdline(stripped[7:])
+    return None
+
+
+def parse_grubby_info(text):
+    """Parse ``grubby --info=ALL`` output into a list of ``{"kernel": str, "args": [tokens]}``."""
+    entries = []
+    current = None
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        key = key.strip()
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        if key == "index":
+            current = {"index": value, "kernel": None, "args": []}
+            entries.append(current)
+        elif current is not None and key == "kernel":
+            current["kernel"] = value
+        elif current is not None and key == "args":
+            current["args"] = split_cmdline(value)
+    return [e for e in entries if e["kernel"] and e["kernel"] != "non linux entry"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Grub defaults files: a small, deliberately incomplete reader of the shell they are written in
+# ---------------------------------------------------------------------------------------------
+
+class _Unknown:
+    """A value the reader cannot know without running the shell (command substitution, ...)."""
+
+    def __init__(self, why):
+        self.why = why
+
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGN_RE = re.compile(r"(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_]*)=")
+_OPENERS = ("if", "case", "for", "while", "until", "{", "(")
+_CLOSERS = ("fi", "esac", "done", "}", ")")
+_CONTINUERS = ("then", "else", "elif", "do", "!")
+_STATEMENT_END = "\n;&|"
+_FIRST_WORD_RE = re.compile(r"[^\s;&|]+")
+_FUNCTION_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*[ \t]*\([ \t]*\)")
+_SOURCING = (".", "source", "eval")
+
+
+class GrubAssignment:
+    """Where a tracked variable was assigned: file, character span of the statement, raw value."""
+
+    def __init__(self, path, start, end, value):
+        self.path = path
+        self.start = start
+        self.end = end
+        self.value = value
+
+
+def _expand(text, pos, env, path):
+    """Read ``$NAME`` or ``${NAME}`` at ``pos`` (which is on the ``$``); return (value, new pos)."""
+    nxt = text[pos + 1:pos + 2]
+    if nxt == "{":
+        close = text.find("}", pos + 2)
+        name = text[pos + 2:close] if close != -1 else ""
+        if close == -1 or not _NAME_RE.fullmatch(name):
+            return _Unknown("parameter expansion %s" % text[pos:pos + 20].split("\n")[0]), _skip_braces(text, pos)
+        end = close + 1
+    else:
+        match = _NAME_RE.match(text, pos + 1)
+        if not match:
+            if nxt == "(":
+                return _Unknown("command substitution $(...)"), _skip_parens(text, pos + 1)
+            # a lone '$' (or $1, $?, ...) is taken literally only when nothing follows that the shell expands
+            if nxt and (nxt.isdigit() or nxt in "?#@*!$-"):
+                return _Unknown("special parameter $%s" % nxt), pos + 2
+            return "$", pos + 1
+        name = match.group(0)
+        end = match.end()
+    value = env.get(name, "")
+    return value, end
+
+
+def _skip_braces(text, pos):
+    close = text.find("}", pos)
+    return len(text) if close == -1 else close + 1
+
+
+def _skip_parens(text, pos):
+    """``pos`` is on '('; return the index after the matching ')' (quotes ignored: good enough to skip)."""
+    depth = 0
+    for idx in range(pos, len(text)):
+        if text[idx] == "(":
+            depth += 1
+        elif text[idx] == ")":
+            depth -= 1
+            if depth == 0:
+                return idx + 1
+    return len(text)
+
+
+def _join(parts):
+    for part in parts:
+        if isinstance(part, _Unknown):
+            return part
+    return "".join(parts)
+
+
+def _read_word(text, pos, env, path):
+    """Read one shell word starting at ``pos``; return (value or _Unknown, position after it)."""
+    parts = []
+    n = len(text)
+    while pos < n:
+        ch = text[pos]
+        if ch in " \t" or ch in _STATEMENT_END:
+            break
+        if ch == "\\":
+            if pos + 1 < n and text[pos + 1] == "\n":
+                pos += 2
+                continue
+            parts.append(text[pos + 1:pos + 2])
+            pos += 2
+        elif ch == "'":
+            close = text.find("'", pos + 1)
+            if close == -1:
+                raise CmdlineError("%s: unterminated single quote" % path, path=path)
+            parts.append(text[pos + 1:close])
+            pos = close + 1
+        elif ch == '"':
+            pos += 1
+            while True:
+                if pos >= n:
+                    raise CmdlineError("%s: unterminated double quote" % path, path=path)
+                ch = text[pos]
+                if ch == '"':
+                    pos += 1
+                    break
+                if ch == "\\" and pos + 1 < n and text[pos + 1] in '$`"\\\n':
+                    if text[pos + 1] != "\n":
+                        parts.append(text[pos + 1])
+                    pos += 2
+                elif ch == "$":
+                    value, pos = _expand(text, pos, env, path)
+                    parts.append(value)
+                elif ch == "`":
+                    close = text.find("`", pos + 1)
+                    parts.append(_Unknown("command substitution `...`"))
+                    pos = n if close == -1 else close + 1
+                else:
+                    parts.append(ch)
+                    pos += 1
+        elif ch == "$":
+            value, pos = _expand(text, pos, env, path)
+            parts.append(value)
+        elif ch == "`":
+            close = text.find("`", pos + 1)
+            parts.append(_Unknown("command substitution `...`"))
+            pos = n if close == -1 else close + 1
+        elif ch in "()<>":
+            parts.append(_Unknown("shell syntax %r" % ch))
+            pos += 1
+        else:
+            parts.append(ch)
+            pos += 1
+    return _join(parts), pos
+
+
+def _skip_statement(text, pos, env, path):
+    """Skip the rest of a statement (words until an unquoted newline, ';', '&' or '|'); return its end."""
+    n = len(text)
+    while pos < n and text[pos] not in _STATEMENT_END:
+        if text[pos] in " \t":
+            pos += 1
+            continue
+        if text[pos] == "#":
+            while pos < n and text[pos] != "\n":
+                pos += 1
+            break
+        _value, new_pos = _read_word(text, pos, env, path)
+        pos = new_pos if new_pos > pos else pos + 1
+    return pos
+
+
+def parse_grub_defaults(text, path, env, assignments):
+    """Evaluate the simple assignments of one grub defaults file into ``env`` (updated in place).
+
+    Only what grub-mkconfig's ``. file`` would do to GRUB_CMDLINE_LINUX(_DEFAULT) matters. Plain
+    ``NAME=word`` statements at the top level are evaluated (quotes, ``$NAME``/``${NAME}``); values
+    that need a shell (command substitution, ...) become unknown, which is only an error if a tracked
+    variable depends on them. A tracked variable touched in any other way (inside if/case/loops, by a
+    command, via eval/source) raises CmdlineError: guessing could boot the host with the wrong line.
+    ``assignments`` maps each tracked variable to the list of its GrubAssignment, in order.
+    """
+    pos = 0
+    n = len(text)
+    depth = 0
+    while pos < n:
+        ch = text[pos]
+        if ch in " \t\n;&|":
+            pos += 1
+            continue
+        if ch == "\\" and text[pos + 1:pos + 2] == "\n":
+            pos += 2
+            continue
+        if ch == "#":
+            while pos < n and text[pos] != "\n":
+                pos += 1
+            continue
+        start = pos
+        function = _FUNCTION_RE.match(text, pos)
+        if function:
+            pos = function.end()
+            continue
+        word_match = _FIRST_WORD_RE.match(text, pos)
+        first = word_match.group(0) if word_match else ""
+        if first in _OPENERS or first in _CLOSERS or first in _CONTINUERS:
+            if first in _OPENERS:
+                depth += 1
+            elif first in _CLOSERS:
+                depth = max(0, depth - 1)
+            pos = word_match.end()
+            if first in ("case", "for"):
+                pos = _skip_statement(text, pos, env, path)
+            continue
+        assign = _ASSIGN_RE.match(text, pos)
+        if assign:
+            name = assign.group(1)
+            value, pos = _read_word(text, assign.end(), env, path)
+            rest = pos
+            while rest < n and text[rest] in " \t":
+                rest += 1
+            is_command_prefix = rest < n and text[rest] not in "\n;&|#"
+            if name in GRUB_VARS:
+                if depth:
+                    raise CmdlineError("%s: %s is assigned inside a shell block (if/case/loop/function); "
+                                       "cannot tell which value grub-mkconfig uses" % (path, name), path=path)
+                if is_command_prefix:
+                    raise CmdlineError("%s: %s is set only for a command's environment; not supported"
+                                       % (path, name), path=path)
+                if isinstance(value, _Unknown):
+                    raise CmdlineError("%s: the value of %s uses %s; cannot evaluate it without running the shell"
+                                       % (path, name, value.why), path=path)
+            if is_command_prefix:
+                pos = _skip_statement(text, rest, env, path)
+                continue
+            if depth and name not in GRUB_VARS:
+                env[name] = _Unknown("a value assigned inside a shell block")
+            else:
+                env[name] = value
+            if name in GRUB_VARS:
+                assignments.setdefault(name, []).append(GrubAssignment(path, start, pos, value))
+            continue
+        end = _skip_statement(text, pos, env, path)
+        statement = text[start:end]
+        if first in _SOURCING:
+            raise CmdlineError("%s: the statement %r runs or sources other shell code; cannot tell what it does "
+                               "to the kernel command line" % (path, statement.strip()[:80]), path=path)
+        for name in GRUB_VARS:
+            if re.search(r"\b%s\+?=" % name, statement) or re.match(r"(unset|read)\b.*\b%s\b" % name, statement):
+                raise CmdlineError("%s: %s is changed by the shell statement %r; only plain NAME=\"...\" "
+                                   "assignments are supported" % (path, name, statement.strip()[:80]), path=path)
+        pos = end if end > pos else pos + 1
+    return env
+
+
+def grub_defaults_chain(root="/"):
+    """The files grub-mkconfig sources, in order: /etc/default/grub, then grub.d/*.cfg sorted."""
+    files = []
+    main = host_path(root, GRUB_DEFAULTS)
+    if os.path.isfile(main):
+        files.append(main)
+    files.extend(sorted(p for p in glob.glob(os.path.join(host_path(root, GRUB_DROPIN_DIR), "*.cfg"))
+                        if os.path.isfile(p)))
+    return files
+
+
+def evaluate_grub_defaults(root="/", override=None):
+    """Return ``(values, assignments)`` for GRUB_CMDLINE_LINUX and _DEFAULT after the whole chain.
+
+    ``override`` maps a host path (under root) to replacement text, or to None to leave the file out;
+    a path not in the chain is added at its sorted place (used to try out a drop-in before writing it).
+    ``values`` holds "" for a variable never set. ``assignments`` is as in parse_grub_defaults.
+    """
+    override = override or {}
+    files = grub_defaults_chain(root)
+    main = host_path(root, GRUB_DEFAULTS)
+    for path in override:
+        if path not in files and override[path] is not None:
+            files.append(path)
+    dropins = sorted(p for p in files if p != main)
+    ordered = ([main] if main in files else []) + dropins
+    env = {}
+    assignments = {}
+    for path in ordered:
+        if path in override:
+            text = override[path]
+            if text is None:
+                continue
+        else:
+            text = read_text(path, missing="")
+        parse_grub_defaults(text, path, env, assignments)
+    values = {}
+    for name in GRUB_VARS:
+        value = env.get(name, "")
+        values[name] = value if isinstance(value, str) else ""
+    return values, assignments
+
+
+def shell_quote(value):
+    """Quote ``value`` for a double-quoted shell assignment (escapes \\ " $ and `)."""
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", value) + '"'
+
+
+def set_grub_variables(text, path, new_values):
+    """Return ``text`` of one grub defaults file with each variable in ``new_values`` set.
+
+    The last top-level assignment of the variable is rewritten in place (``NAME="value"``); earlier
+    ones are left alone since the last one wins. A variable not assigned in the file is appended.
+    """
+    env = {}
+    assignments = {}
+    parse_grub_defaults(text, path, env, assignments)
+    edits = []
+    appended = []
+    for name, value in new_values.items():
+        line = "%s=%s" % (name, shell_quote(value))
+        if assignments.get(name):
+            last = assignments[name][-1]
+            prefix = text[last.start:last.end]
+            keep_export = "export " if prefix.startswith("export") else ""
+            edits.append((last.start, last.end, keep_export + line))
+        else:
+            appended.append(line)
+    for start, end, replacement in sorted(edits, reverse=True):
+        text = text[:start] + replacement + text[end:]
+    if appended:
+        if text and not text.endswith("\n"):
+            text += "\n"
+        text += "\n".join(appended) + "\n"
+    return text
+
+
+def render_grub_dropin(values, origin):
+    """Text of the module's own drop-in: a header, then one assignment per variable in ``values``."""
+    lines = [
+        "# Managed by %s; edits here are overwritten." % origin,
+        "# Sourced by grub-mkconfig after /etc/default/grub and the earlier grub.d/*.cfg files; it sets",
+        "# the full value of each variable below so that arguments removed on request stay removed.",
+    ]
+    for name in GRUB_VARS:
+        if name in values:
+            lines.append("%s=%s" % (name, shell_quote(values[name])))
+    return "\n".join(lines) + "\n"
+
+
+def grub_mkconfig_reads_dropins(script_path):
+    """True when the grub-mkconfig script sources /etc/default/grub.d (Debian/Ubuntu patch); None if unknown."""
+    try:
+        with open(script_path, "rb") as handle:
+            data = handle.read(1 << 20)
+    except (IOError, OSError):
+        return None
+    if data[:2] != b"#!":
+        return None
+    return b"default/grub.d" in data

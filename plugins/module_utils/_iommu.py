@@ -1,0 +1,231 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Private helpers that read the IOMMU state of a host: firmware, kernel, command line, CPU.
+
+This file is private to the gpuops.sandbox collection: its interface may change at any time.
+Nothing here writes anything. Every function takes the filesystem root (default ``/``) so unit tests
+can use a fake tree. Only ``/sys/kernel/iommu_groups`` being non-empty proves the IOMMU is on; a flag on
+the kernel command line is reported but is not proof.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
+
+FIRMWARE_TABLES = (("DMAR", "intel"), ("IVRS", "amd"))
+ACPI_TABLES = "/sys/firmware/acpi/tables"
+IOMMU_CLASS = "/sys/class/iommu"
+IOMMU_GROUPS = "/sys/kernel/iommu_groups"
+IOMMUFD_DEVICE = "/dev/iommu"
+# Command line keys reported, by their canonical spelling. The kernel treats "-" and "_" alike in
+# parameter names, so they are compared with "-" folded to "_".
+CMDLINE_KEYS = ("intel_iommu", "amd_iommu", "iommu", "iommu.passthrough", "vfio-pci.ids")
+CPU_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "amd"}
+
+
+def _fold(key):
+    return key.replace("-", "_")
+
+
+_CANONICAL = {_fold(key): key for key in CMDLINE_KEYS}
+
+
+def _listdir(root, path):
+    full = host_path(root, path)
+    try:
+        return sorted(os.listdir(full))
+    except (IOError, OSError) as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return []
+        raise SysfsError("cannot list %s: %s" % (path, exc.strerror or exc), path=full)
+
+
+def _read_text(root, path):
+    """Read a whole file as text; None when it does not exist."""
+    full = host_path(root, path)
+    try:
+        with open(full, "r", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except (IOError, OSError) as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise SysfsError("cannot read %s: %s" % (path, exc.strerror or exc), path=full)
+
+
+def firmware_tables(root="/"):
+    """Return the IOMMU ACPI tables present: ``DMAR`` (Intel VT-d) and/or ``IVRS`` (AMD-Vi)."""
+    return [name for name, _vendor in FIRMWARE_TABLES
+            if os.path.exists(host_path(root, "%s/%s" % (ACPI_TABLES, name)))]
+
+
+def iommu_units(root="/"):
+    """Return the IOMMU units the kernel registered in ``/sys/class/iommu`` (e.g. ``dmar0``)."""
+    return _listdir(root, IOMMU_CLASS)
+
+
+def iommu_group_count(root="/"):
+    """Return how many IOMMU groups exist; 0 means the kernel has no IOMMU enabled."""
+    return len([name for name in _listdir(root, IOMMU_GROUPS) if name.isdigit()])
+
+
+def parse_cmdline(text):
+    """Split a kernel command line into ``[(key, value_or_None)]``, keeping order and repeats.
+
+    Double quotes group a value containing spaces (``key="a b"``), as the kernel's parser does.
+    """
+    words = []
+    current = []
+    quoted = False
+    started = False
+    for char in text or "":
+        if char == '"':
+            quoted = not quoted
+            started = True
+            continue
+        if char.isspace() and not quoted:
+            if started:
+                words.append("".join(current))
+                current = []
+                started = False
+            continue
+        current.append(char)
+        started = True
+    if started:
+        words.append("".join(current))
+    result = []
+    for word in words:
+        if word == "--":
+            break
+        if "=" in word:
+            key, value = word.split("=", 1)
+            result.append((key, value))
+        else:
+            result.append((word, None))
+    return result
+
+
+def cmdline_flags(text):
+    """Return the IOMMU-related flags of a command line: ``{canonical_key: value}``.
+
+    The last occurrence of a key wins; a key without ``=`` has the value ``""``. ``vfio-pci.ids``
+    is returned as a list of ``VVVV:DDDD`` strings (all occurrences, in order).
+    """
+    flags = {}
+    for key, value in parse_cmdline(text):
+        canonical = _CANONICAL.get(_fold(key))
+        if canonical is None:
+            continue
+        if canonical == "vfio-pci.ids":
+            ids = flags.setdefault(canonical, [])
+            ids.extend(item for item in (value or "").split(",") if item)
+        else:
+            flags[canonical] = "" if value is None else value
+    return flags
+
+
+def cpu_info(root="/"):
+    """Return ``{"vendor_id", "vendor", "virt_flag", "model_name"}`` from ``/proc/cpuinfo``.
+
+    ``vendor`` is ``intel``/``amd`` or None; ``virt_flag`` is ``vmx`` or ``svm`` when the CPU
+    shows hardware virtualisation, else None.
+    """
+    text = _read_text(root, "/proc/cpuinfo") or ""
+    vendor_id = model = None
+    flags = set()
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        key, value = (part.strip() for part in line.split(":", 1))
+        if key == "vendor_id" and vendor_id is None:
+            vendor_id = value
+        elif key == "model name" and model is None:
+            model = value
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    virt = "vmx" if "vmx" in flags else ("svm" if "svm" in flags else None)
+    return {"vendor_id": vendor_id, "vendor": CPU_VENDORS.get(vendor_id or ""), "virt_flag": virt,
+            "model_name": model}
+
+
+def platform_vendor(tables, cpu):
+    """``intel`` or ``amd`` from the firmware table, else from the CPU; None when unknown."""
+    for name, vendor in FIRMWARE_TABLES:
+        if name in tables:
+            return vendor
+    return cpu.get("vendor")
+
+
+def kernel_argument_fix(vendor, flags):
+    """Return the sentence telling how to turn the IOMMU on from the kernel command line."""
+    if vendor == "intel":
+        wanted = "intel_iommu=on iommu=pt"
+    elif vendor == "amd":
+        wanted = "amd_iommu=on iommu=pt"
+    else:
+        wanted = "intel_iommu=on (Intel) or amd_iommu=on (AMD), plus iommu=pt,"
+    offending = ["%s=%s" % (key, flags[key]) for key in ("intel_iommu", "amd_iommu", "iommu")
+                 if key in flags and flags[key] in ("off", "0")]
+    text = "add %s to the kernel command line and reboot" % wanted
+    if offending:
+        text = "remove %s from the kernel command line, %s" % (" ".join(offending), text)
+    return text
+
+
+def iommu_state(root="/"):
+    """Collect the IOMMU state of the host as plain data (see iommu_check's RETURN for the keys)."""
+    tables = firmware_tables(root)
+    cmdline_text = (_read_text(root, "/proc/cmdline") or "").strip()
+    flags = cmdline_flags(cmdline_text)
+    cpu = cpu_info(root)
+    groups = iommu_group_count(root)
+    state = {
+        "enabled": groups > 0,
+        "group_count": groups,
+        "firmware_tables": tables,
+        "firmware_table": tables[0] if tables else None,
+        "iommu_units": iommu_units(root),
+        "iommufd": os.path.exists(host_path(root, IOMMUFD_DEVICE)),
+        "cmdline": cmdline_text,
+        "cmdline_flags": flags,
+        "cpu_vendor": cpu["vendor"],
+        "cpu_vendor_id": cpu["vendor_id"],
+        "cpu_model": cpu["model_name"],
+        "cpu_virt_flag": cpu["virt_flag"],
+        "cpu_virtualization": cpu["virt_flag"] is not None,
+        "platform_vendor": platform_vendor(tables, cpu),
+    }
+    state["problems"] = iommu_problems(state)
+    return state
+
+
+def iommu_problems(state):
+    """Return what stops the IOMMU being usable, each ``{"item", "reason", "fix"}``; [] when usable."""
+    problems = []
+    vendor = state.get("platform_vendor")
+    if not state["cpu_virtualization"]:
+        problems.append({
+            "item": "cpu_virtualization",
+            "reason": "the CPU shows no hardware virtualisation flag (vmx or svm) in /proc/cpuinfo",
+            "fix": "enable Intel VT-x or AMD-V (SVM) in the BIOS/UEFI setup (for a VM, expose the host CPU "
+                   "features to it)",
+        })
+    if not state["firmware_tables"]:
+        problems.append({
+            "item": "firmware_table",
+            "reason": "no DMAR or IVRS ACPI table in /sys/firmware/acpi/tables: the firmware does not "
+                      "describe an IOMMU",
+            "fix": "enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the BIOS/UEFI setup",
+        })
+    if not state["enabled"]:
+        problems.append({
+            "item": "iommu_groups",
+            "reason": "/sys/kernel/iommu_groups is empty: the kernel has not enabled the IOMMU",
+            "fix": kernel_argument_fix(vendor, state.get("cmdline_flags") or {}),
+        })
+    return problems

@@ -1,0 +1,252 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Private helpers for SR-IOV physical functions and their virtual functions.
+
+This file is private to the gpuops.sandbox collection: its interface may change at any time.
+Every function that touches the filesystem takes the root as an argument (default ``/``) so unit
+tests can build a fake sysfs/procfs tree under a temporary directory. Errors are raised as
+exceptions (SriovError or SysfsError); only modules turn them into ``fail_json``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
+    SysfsError,
+    host_path,
+    link_name,
+    pci_device_dir,
+    read_attr,
+    write_attr,
+)
+
+VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
+
+# Indirections so unit tests can run the bounded waits without really sleeping.
+_sleep = time.sleep
+_monotonic = time.monotonic
+
+POLL_INTERVAL = 0.2
+
+
+class SriovError(Exception):
+    """An SR-IOV precondition failed or a change could not be applied or confirmed."""
+
+    def __init__(self, msg, **details):
+        super().__init__(msg)
+        self.msg = msg
+        self.details = details
+
+
+def wait_until(predicate, timeout, interval=POLL_INTERVAL):
+    """Call ``predicate`` until it returns a true value or ``timeout`` seconds have passed.
+
+    The predicate is always called at least once. Returns its last value.
+    """
+    deadline = _monotonic() + max(float(timeout or 0), 0.0)
+    while True:
+        value = predicate()
+        if value or _monotonic() >= deadline:
+            return value
+        _sleep(interval)
+
+
+def _read_int(path, what):
+    text = read_attr(path)
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise SriovError("%s (%s) holds %r, not an integer" % (what, path, text))
+
+
+def list_vfs(pf_dir):
+    """Return the PCI addresses of the VFs of a PF directory, ordered by VF index."""
+    found = []
+    try:
+        names = os.listdir(pf_dir)
+    except OSError:
+        return []
+    for name in names:
+        match = VIRTFN_RE.match(name)
+        if match:
+            target = link_name(os.path.join(pf_dir, name))
+            if target:
+                found.append((int(match.group(1)), target))
+    return [address for _index, address in sorted(found)]
+
+
+def iommu_group(device_dir):
+    """Return the IOMMU group number (as a string) of a device directory, or None."""
+    return link_name(os.path.join(device_dir, "iommu_group"))
+
+
+def vfio_group_holders(group, root="/"):
+    """Return ``[(pid, command)]`` of processes holding ``/dev/vfio/<group>`` open."""
+    if group is None:
+        return []
+    wanted = "/dev/vfio/%s" % group
+    proc = host_path(root, "/proc")
+    holders = []
+    try:
+        pids = sorted((p for p in os.listdir(proc) if p.isdigit()), key=int)
+    except OSError:
+        return []
+    for pid in pids:
+        fd_dir = os.path.join(proc, pid, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target == wanted:
+                command = read_attr(os.path.join(proc, pid, "comm"), default="?")
+                holders.append((int(pid), command))
+                break
+    return holders
+
+
+def vf_usage(vf_address, root="/"):
+    """Return the reasons why a VF is in use (empty list when it is free to be destroyed)."""
+    vf_dir = host_path(root, "/sys/bus/pci/devices/" + vf_address)
+    reasons = []
+    driver = link_name(os.path.join(vf_dir, "driver"))
+    if driver == "vfio-pci":
+        reasons.append("%s is bound to vfio-pci" % vf_address)
+    for pid, command in vfio_group_holders(iommu_group(vf_dir), root):
+        reasons.append("%s: its VFIO group is open by PID %d (%s)" % (vf_address, pid, command))
+    current = read_attr(os.path.join(vf_dir, "nvidia", "current_vgpu_type"), default="0")
+    if current not in ("", "0"):
+        reasons.append("%s carries vGPU type %s" % (vf_address, current))
+    try:
+        children = sorted(os.listdir(vf_dir))
+    except OSError:
+        children = []
+    mdevs = [name for name in children if os.path.isdir(os.path.join(vf_dir, name, "mdev_type"))]
+    if mdevs:
+        reasons.append("%s has mediated devices %s" % (vf_address, ", ".join(mdevs)))
+    return reasons
+
+
+def pf_state(pf, root="/"):
+    """Read the SR-IOV state of a PF. Raises SysfsError/SriovError on a bad or non-SR-IOV device."""
+    pf_dir = pci_device_dir(pf, root)
+    address = os.path.basename(pf_dir)
+    total_path = os.path.join(pf_dir, "sriov_totalvfs")
+    if not os.path.exists(total_path):
+        raise SriovError("PCI device %s is not an SR-IOV physical function (no sriov_totalvfs)" % address)
+    autoprobe_text = read_attr(os.path.join(pf_dir, "sriov_drivers_autoprobe"), default="")
+    return {
+        "pf": address,
+        "dir": pf_dir,
+        "totalvfs": _read_int(total_path, "sriov_totalvfs"),
+        "numvfs": _read_int(os.path.join(pf_dir, "sriov_numvfs"), "sriov_numvfs"),
+        "driver": link_name(os.path.join(pf_dir, "driver")),
+        "autoprobe": None if autoprobe_text == "" else autoprobe_text not in ("0", "n", "N"),
+        "vfs": list_vfs(pf_dir),
+    }
+
+
+def plan(state, count, autoprobe=None, force=False, root="/"):
+    """Check the request against the PF and return what has to change.
+
+    ``state`` is the dict from pf_state. Returns ``{"numvfs": new or None, "autoprobe": new or None}``
+    (None: leave as is). Raises SriovError, without writing anything, when the request is refused.
+    """
+    address = state["pf"]
+    if count < 0:
+        raise SriovError("count must be 0 or a positive integer, got %d" % count)
+    if count > state["totalvfs"]:
+        raise SriovError(
+            "cannot enable %d VFs on %s: sriov_totalvfs is %d" % (count, address, state["totalvfs"]))
+    changes = {"numvfs": None, "autoprobe": None}
+    if autoprobe is not None and state["autoprobe"] is None:
+        raise SriovError("%s has no sriov_drivers_autoprobe attribute; cannot set autoprobe" % address)
+    if autoprobe is not None and autoprobe != state["autoprobe"]:
+        changes["autoprobe"] = autoprobe
+    if count == state["numvfs"]:
+        return changes
+    if not state["driver"]:
+        raise SriovError(
+            "%s has no driver bound; sriov_numvfs can only be changed while the PF is bound to a driver "
+            "that supports SR-IOV" % address)
+    if state["numvfs"] and not force:
+        busy = []
+        for vf in state["vfs"]:
+            busy.extend(vf_usage(vf, root))
+        if busy:
+            raise SriovError(
+                "refusing to change the VF count of %s from %d to %d while VFs are in use (%s); stop the "
+                "users first or set force=true" % (address, state["numvfs"], count, "; ".join(busy)))
+    changes["numvfs"] = count
+    return changes
+
+
+def _write_numvfs(pf_dir, address, driver, count):
+    try:
+        write_attr(os.path.join(pf_dir, "sriov_numvfs"), str(count))
+    except SysfsError as exc:
+        hint = ""
+        if "No such file" in exc.msg:
+            hint = " (driver %s may not support configuring SR-IOV)" % driver
+        raise SriovError("setting sriov_numvfs of %s to %d failed: %s%s" % (address, count, exc.msg, hint))
+
+
+def _confirm_numvfs(pf_dir, address, count, timeout):
+    def done():
+        try:
+            current = int(read_attr(os.path.join(pf_dir, "sriov_numvfs"), default="-1"))
+        except ValueError:
+            return False
+        return current == count and len(list_vfs(pf_dir)) == count
+
+    if not wait_until(done, timeout):
+        current = read_attr(os.path.join(pf_dir, "sriov_numvfs"), default="?")
+        raise SriovError(
+            "wrote %d to sriov_numvfs of %s but read back %s with %d VF links after %ss"
+            % (count, address, current, len(list_vfs(pf_dir)), timeout))
+
+
+def set_numvfs(state, count, timeout=10):
+    """Change the VF count through 0, confirming each step. Restores the old count on failure."""
+    pf_dir, address, old = state["dir"], state["pf"], state["numvfs"]
+    try:
+        if old:
+            _write_numvfs(pf_dir, address, state["driver"], 0)
+            _confirm_numvfs(pf_dir, address, 0, timeout)
+        if count:
+            _write_numvfs(pf_dir, address, state["driver"], count)
+            _confirm_numvfs(pf_dir, address, count, timeout)
+    except SriovError as exc:
+        if not old:
+            raise
+        rollback = "restored sriov_numvfs to %d" % old
+        try:
+            current = int(read_attr(os.path.join(pf_dir, "sriov_numvfs"), default="0") or 0)
+            if current != old:
+                if current:
+                    _write_numvfs(pf_dir, address, state["driver"], 0)
+                _write_numvfs(pf_dir, address, state["driver"], old)
+                _confirm_numvfs(pf_dir, address, old, timeout)
+        except (SriovError, SysfsError) as rexc:
+            rollback = "restoring sriov_numvfs to %d also failed: %s" % (old, getattr(rexc, "msg", rexc))
+        raise SriovError("%s; rollback: %s" % (exc.msg, rollback), rollback=rollback)
+
+
+def set_autoprobe(state, value):
+    """Write sriov_drivers_autoprobe and read it back."""
+    path = os.path.join(state["dir"], "sriov_drivers_autoprobe")
+    write_attr(path, "1" if value else "0")
+    back = read_attr(path, default="")
+    if (back not in ("0", "n", "N")) != bool(value):
+        raise SriovError("wrote %d to sriov_drivers_autoprobe of %s but read back %r"
+                         % (int(bool(value)), state["pf"], back))

@@ -1,0 +1,405 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Gather facts about the GPUs (and other PCI functions) of a host from sysfs
+version_added: 0.1.0
+description:
+  - Reads C(/sys/bus/pci/devices) and returns, for each selected PCI function, its vendor, device,
+    subsystem and class IDs, the names from the host's C(pci.ids), the driver it is bound to, its NUMA
+    node, whether it is the boot VGA device, its IOMMU group with every member of the group, whether
+    the group is viable for passthrough, SR-IOV state, legacy mdev types and NVIDIA vendor-specific
+    vGPU types.
+  - Also returns a summary of the IOMMU state and every mdev parent device of the host.
+  - By default selects NVIDIA (vendor C(10de)) display functions of class C(030000) (VGA) and
+    C(030200) (3D controller).
+  - Reads only; never changes anything.
+author:
+  - gpuops.sandbox contributors (@gpuops)
+options:
+  addresses:
+    description:
+      - Select exactly these PCI functions, as C(DDDD:BB:SS.F) (or C(BB:SS.F) for domain C(0000)).
+      - Each must exist in C(/sys/bus/pci/devices) and resolve under C(/sys/devices).
+    type: list
+    elements: str
+  vendors:
+    description:
+      - Select functions whose vendor, or vendor and device, matches one of these, as C(VVVV) or
+        C(VVVV:DDDD) in hex (for example C(10de) or C(10de:2236)).
+      - An empty list matches every vendor.
+      - When omitted, C(10de) (NVIDIA) is used.
+    type: list
+    elements: str
+  classes:
+    description:
+      - Select functions whose PCI class starts with one of these, as 2, 4 or 6 hex digits (class,
+        class and subclass, or class, subclass and programming interface).
+      - A function must match one of O(vendors) and one of O(classes).
+      - An empty list matches every class.
+      - When omitted, C(030000) and C(030200) are used.
+    type: list
+    elements: str
+  include_all:
+    description:
+      - Select every PCI function of the host.
+    type: bool
+    default: false
+notes:
+  - O(addresses), O(include_all) and the O(vendors)/O(classes) selectors are mutually exclusive.
+  - The sandbox resource name is what the NVIDIA KubeVirt GPU device plugin would derive from this
+    host's C(pci.ids); the plugin uses its own copy, so the names a node advertises in
+    C(status.allocatable) are authoritative once the plugin runs.
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+  facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
+  idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation
+      indicates no change.
+    support: full
+seealso:
+  - module: gpuops.sandbox.iommu_check
+"""
+
+EXAMPLES = r"""
+- name: Gather facts about the NVIDIA GPUs
+  gpuops.sandbox.gpu_facts:
+
+- name: List the IOMMU group members of every NVIDIA GPU
+  ansible.builtin.debug:
+    msg: "{{ item.address }}: {{ item.iommu_group_members | map(attribute='address') | list }}"
+  loop: "{{ ansible_facts.gpuops_gpus }}"
+
+- name: Gather facts about two functions given by address
+  gpuops.sandbox.gpu_facts:
+    addresses:
+      - "0000:65:00.0"
+      - "0000:65:00.1"
+
+- name: Gather facts about every A10 (10de:2236), whatever its class
+  gpuops.sandbox.gpu_facts:
+    vendors:
+      - "10de:2236"
+    classes: []
+
+- name: Gather facts about every PCI function
+  gpuops.sandbox.gpu_facts:
+    include_all: true
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: success
+  type: complex
+  contains:
+    gpuops_gpus:
+      description: One entry per selected PCI function, sorted by address.
+      returned: success
+      type: list
+      elements: dict
+      sample:
+        - address: "0000:65:00.0"
+          vendor: "10de"
+          device: "2236"
+          subsystem_vendor: "10de"
+          subsystem_device: "1482"
+          class: "030200"
+          vendor_name: NVIDIA Corporation
+          device_name: GA102GL [A10]
+          subsystem_name: null
+          class_name: 3D controller
+          driver: nvidia
+          is_bridge: false
+          sysfs_path: /sys/devices/pci0000:64/0000:64:00.0/0000:65:00.0
+          numa_node: 0
+          boot_vga: false
+          iommu_group: 12
+          iommu_group_members:
+            - address: "0000:65:00.0"
+              vendor: "10de"
+              device: "2236"
+              subsystem_vendor: "10de"
+              subsystem_device: "1482"
+              class: "030200"
+              driver: nvidia
+              is_bridge: false
+              pci: true
+          viable: false
+          blockers:
+            - address: "0000:65:00.0"
+              driver: nvidia
+              class: "030200"
+              reason: 0000:65:00.0 (10de:2236, class 030200) in IOMMU group 12 is bound to nvidia, not vfio-pci;
+                bind it to vfio-pci (or unbind it) so the group is viable
+          sriov_totalvfs: null
+          sriov_numvfs: null
+          physfn: null
+          virtfns: []
+          is_vf: false
+          mdev_types: []
+          vgpu: null
+          sandbox_resource_name: nvidia.com/GA102GL_A10
+      contains:
+        address:
+          description: PCI address, C(DDDD:BB:SS.F), lower case.
+          type: str
+          sample: "0000:65:00.0"
+        vendor:
+          description: Vendor ID, 4 lower-case hex digits.
+          type: str
+          sample: "10de"
+        device:
+          description: Device ID, 4 lower-case hex digits.
+          type: str
+          sample: "2236"
+        subsystem_vendor:
+          description: Subsystem vendor ID, or null when sysfs does not show one.
+          type: str
+          sample: "10de"
+        subsystem_device:
+          description: Subsystem device ID, or null when sysfs does not show one.
+          type: str
+          sample: "1482"
+        class:
+          description: PCI class code, 6 lower-case hex digits (class, subclass, programming interface).
+          type: str
+          sample: "030200"
+        vendor_name:
+          description: Vendor name from the host's pci.ids, or null.
+          type: str
+          sample: NVIDIA Corporation
+        device_name:
+          description: Device name from the host's pci.ids (looked up under its own vendor), or null.
+          type: str
+          sample: GA102GL [A10]
+        subsystem_name:
+          description: Subsystem name from the host's pci.ids, or null.
+          type: str
+          sample: null
+        class_name:
+          description: Most specific class name from the host's pci.ids, or null.
+          type: str
+          sample: 3D controller
+        driver:
+          description: Driver the function is bound to, or null when it has none.
+          type: str
+          sample: nvidia
+        is_bridge:
+          description: Whether the function is a PCI bridge (class C(0604)).
+          type: bool
+          sample: false
+        sysfs_path:
+          description: Real sysfs directory of the function.
+          type: str
+          sample: /sys/devices/pci0000:64/0000:64:00.0/0000:65:00.0
+        numa_node:
+          description: NUMA node of the function (C(-1) when the platform does not say), or null.
+          type: int
+          sample: 0
+        boot_vga:
+          description: Whether the firmware used this function as the boot display.
+          type: bool
+          sample: false
+        iommu_group:
+          description: IOMMU group number, or null when the IOMMU is off.
+          type: int
+          sample: 12
+        iommu_group_members:
+          description: Every function in the IOMMU group (the function itself included) with its IDs, class,
+            driver and whether it is a bridge; C(pci) is false for a non-PCI member.
+          type: list
+          elements: dict
+          sample: []
+        viable:
+          description: Whether the IOMMU group can be passed through now (every endpoint on vfio-pci or
+            driverless; bridges exempt).
+          type: bool
+          sample: false
+        blockers:
+          description: What stops the group being viable, each with C(address), C(driver), C(class) and C(reason).
+          type: list
+          elements: dict
+          sample: []
+        sriov_totalvfs:
+          description: Number of SR-IOV virtual functions the function supports, or null when it is not a PF.
+          type: int
+          sample: 20
+        sriov_numvfs:
+          description: Number of virtual functions currently enabled, or null when it is not a PF.
+          type: int
+          sample: 0
+        physfn:
+          description: Address of the physical function when this function is an SR-IOV VF, else null.
+          type: str
+          sample: null
+        virtfns:
+          description: Addresses of the enabled virtual functions, in VF index order.
+          type: list
+          elements: str
+          sample: []
+        is_vf:
+          description: Whether the function is an SR-IOV virtual function.
+          type: bool
+          sample: false
+        mdev_types:
+          description: Legacy mediated device types the function offers, each with C(id), C(name),
+            C(available_instances), C(device_api), C(description) and the sandbox device plugin
+            C(resource_name).
+          type: list
+          elements: dict
+          sample:
+            - id: nvidia-692
+              name: NVIDIA A100-4C
+              available_instances: 1
+              device_api: vfio-pci
+              description: "num_heads=1, frl_config=60, framebuffer=4096M, max_resolution=4096x2160, max_instance=10"
+              resource_name: nvidia.com/NVIDIA_A100-4C
+        vgpu:
+          description: NVIDIA vendor-specific vGPU state (C(creatable_types) list of C(id)/C(name),
+            C(current_type), 0 when none is created), or null when the function has no C(nvidia/) directory.
+          type: dict
+          sample:
+            creatable_types:
+              - id: 1155
+                name: NVIDIA L40S-1B
+            current_type: 0
+        sandbox_resource_name:
+          description: Resource name the NVIDIA sandbox device plugin would advertise for this device when
+            bound to vfio-pci, computed from the host's pci.ids; null for non-NVIDIA functions.
+          type: str
+          sample: nvidia.com/GA102GL_A10
+    gpuops_iommu:
+      description: Summary of the IOMMU state; the same keys as the output of M(gpuops.sandbox.iommu_check)'s
+        C(iommu).
+      returned: success
+      type: dict
+      sample:
+        enabled: true
+        group_count: 42
+        firmware_tables: [DMAR]
+        firmware_table: DMAR
+        iommu_units: [dmar0, dmar1]
+        iommufd: true
+        cmdline: BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt
+        cmdline_flags:
+          intel_iommu: "on"
+          iommu: pt
+        cpu_vendor: intel
+        cpu_vendor_id: GenuineIntel
+        cpu_model: Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz
+        cpu_virt_flag: vmx
+        cpu_virtualization: true
+        platform_vendor: intel
+        problems: []
+    gpuops_mdev_parents:
+      description: Every mdev parent in C(/sys/class/mdev_bus) with C(name), C(address) (null when not a PCI
+        function), C(sysfs_path) and its C(types) (same keys as C(mdev_types)).
+      returned: success
+      type: list
+      elements: dict
+      sample:
+        - name: mtty
+          address: null
+          sysfs_path: /sys/devices/virtual/mtty/mtty
+          types:
+            - id: mtty-1
+              name: Single port serial
+              available_instances: 24
+              device_api: vfio-pci
+              description: null
+              resource_name: nvidia.com/Single_port_serial
+    gpuops_pci_ids:
+      description: Path of the pci.ids file the names come from, or null when the host has none.
+      returned: success
+      type: str
+      sample: /usr/share/misc/pci.ids
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
+    describe_function,
+    load_pci_ids_db,
+    mdev_parents,
+    select_functions,
+)
+from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
+
+SELECTION_MUTUALLY_EXCLUSIVE = [
+    ("addresses", "vendors"),
+    ("addresses", "classes"),
+    ("addresses", "include_all"),
+    ("include_all", "vendors"),
+    ("include_all", "classes"),
+]
+
+
+def build_module():
+    """Create the AnsibleModule; the argument spec does the validation it can."""
+    return AnsibleModule(
+        argument_spec=dict(
+            addresses=dict(type="list", elements="str"),
+            vendors=dict(type="list", elements="str"),
+            classes=dict(type="list", elements="str"),
+            include_all=dict(type="bool", default=False),
+        ),
+        mutually_exclusive=SELECTION_MUTUALLY_EXCLUSIVE,
+        supports_check_mode=True,
+    )
+
+
+def gather(params, root="/"):
+    """Return the facts dict for the given (validated) parameters; raises SysfsError/OSError/ValueError."""
+    selected = select_functions(
+        root=root,
+        addresses=params.get("addresses"),
+        vendors=params.get("vendors"),
+        classes=params.get("classes"),
+        include_all=params.get("include_all") or False,
+    )
+    db = load_pci_ids_db(root)
+    gpus = [describe_function(address, root=root, pci_ids_db=db) for address in selected]
+    parents = mdev_parents(root)
+    return {
+        "gpuops_gpus": gpus,
+        "gpuops_iommu": iommu_state(root),
+        "gpuops_mdev_parents": parents,
+        "gpuops_pci_ids": db["path"],
+    }
+
+
+def run_module(module, root="/"):
+    """Gather the facts and exit (or fail with a message naming the problem); never raises."""
+    try:
+        facts = gather(module.params, root=root)
+    except SysfsError as exc:
+        module.fail_json(msg=exc.msg)
+        return
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg="cannot gather GPU facts: %s" % exc)
+        return
+    module.exit_json(changed=False, ansible_facts=facts)
+
+
+def main():
+    run_module(build_module())
+
+
+if __name__ == "__main__":
+    main()

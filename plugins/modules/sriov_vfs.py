@@ -1,0 +1,225 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sriov_vfs
+short_description: Enable or disable SR-IOV virtual functions on a PCI physical function
+version_added: 0.1.0
+description:
+  - Sets the number of SR-IOV virtual functions (VFs) of a physical function (PF) through
+    C(/sys/bus/pci/devices/<PF>/sriov_numvfs), and optionally C(sriov_drivers_autoprobe).
+  - The count is only ever changed through 0 (write 0, then the new count), as the kernel requires,
+    and each step is confirmed by reading back C(sriov_numvfs) and the C(virtfnN) links within O(timeout).
+  - The PF must be bound to a driver that supports SR-IOV configuration; a count above C(sriov_totalvfs)
+    is refused before anything is written.
+  - Existing VFs are destroyed when the count changes. The module refuses that while a VF is bound to
+    vfio-pci, has its VFIO group open, carries a vGPU or has mediated devices, unless O(force=true).
+  - If setting the new count fails after the old VFs were removed, the old count is restored and both
+    results are reported.
+  - Runtime state only; making the VFs come back after a reboot is left to the roles of this collection.
+author:
+  - gpuops.sandbox contributors (@gpuops)
+options:
+  pf:
+    description:
+      - PCI address of the physical function, C(DDDD:BB:SS.F) (or C(BB:SS.F) for domain 0000).
+    type: str
+    required: true
+    aliases: [address]
+  count:
+    description:
+      - Number of VFs wanted. Required with O(state=present). V(0) disables SR-IOV.
+      - Must not exceed the PF's C(sriov_totalvfs).
+    type: int
+  state:
+    description:
+      - V(present) sets the VF count to O(count); V(absent) sets it to 0.
+    type: str
+    choices: [present, absent]
+    default: present
+  autoprobe:
+    description:
+      - Value for C(sriov_drivers_autoprobe), written before VFs are created. When V(false), new VFs are not
+        bound to a driver automatically. Left unchanged when omitted.
+    type: bool
+  force:
+    description:
+      - Change the count even when VFs are in use (bound to vfio-pci, VFIO group open, vGPU or mdev present).
+        The VMs using them lose their devices.
+    type: bool
+    default: false
+  timeout:
+    description:
+      - Seconds to wait for each read-back of C(sriov_numvfs) and the VF links.
+    type: int
+    default: 10
+attributes:
+  check_mode:
+    support: full
+    description: Reports whether the count or autoprobe would change; writes nothing.
+  diff_mode:
+    support: full
+    description: Shows C(sriov_numvfs) and C(sriov_drivers_autoprobe) before and after.
+  idempotent:
+    support: full
+    description: Nothing is written when the PF already has the requested count and autoprobe value.
+notes:
+  - Root privileges are needed to write to sysfs.
+seealso:
+  - module: gpuops.sandbox.mdev_create
+"""
+
+EXAMPLES = r"""
+- name: Enable 4 VFs on a PF and keep them from binding to a host driver
+  gpuops.sandbox.sriov_vfs:
+    pf: "0000:3b:00.0"
+    count: 4
+    autoprobe: false
+
+- name: Change to 8 VFs even though a VF is bound to vfio-pci
+  gpuops.sandbox.sriov_vfs:
+    pf: "0000:3b:00.0"
+    count: 8
+    force: true
+
+- name: Disable SR-IOV on the PF
+  gpuops.sandbox.sriov_vfs:
+    pf: "0000:3b:00.0"
+    state: absent
+"""
+
+RETURN = r"""
+pf:
+  description: Canonical PCI address of the physical function.
+  returned: success
+  type: str
+  sample: "0000:3b:00.0"
+numvfs:
+  description: VF count after the run (the intended count in check mode).
+  returned: success
+  type: int
+  sample: 4
+previous_numvfs:
+  description: VF count before the run.
+  returned: success
+  type: int
+  sample: 0
+totalvfs:
+  description: The PF's C(sriov_totalvfs).
+  returned: success
+  type: int
+  sample: 16
+driver:
+  description: Driver the PF is bound to, or null.
+  returned: success
+  type: str
+  sample: nvidia
+autoprobe:
+  description: Value of C(sriov_drivers_autoprobe) after the run (intended value in check mode), or null if absent.
+  returned: success
+  type: bool
+  sample: true
+vfs:
+  description: PCI addresses of the VFs after the run, in VF index order (in check mode, those present now).
+  returned: success
+  type: list
+  elements: str
+  sample: ["0000:3b:00.4", "0000:3b:00.5", "0000:3b:00.6", "0000:3b:00.7"]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+
+# The filesystem root the module works on; unit tests point it at a fake tree.
+ROOT = "/"
+
+
+def build_module():
+    return AnsibleModule(
+        argument_spec=dict(
+            pf=dict(type="str", required=True, aliases=["address"]),
+            count=dict(type="int"),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            autoprobe=dict(type="bool"),
+            force=dict(type="bool", default=False),
+            timeout=dict(type="int", default=10),
+        ),
+        required_if=[("state", "present", ("count",))],
+        supports_check_mode=True,
+    )
+
+
+def _diff_text(numvfs, autoprobe):
+    text = "sriov_numvfs: %d\n" % numvfs
+    if autoprobe is not None:
+        text += "sriov_drivers_autoprobe: %d\n" % int(autoprobe)
+    return text
+
+
+def run(module, root):
+    params = module.params
+    if params["timeout"] < 0:
+        raise _sriov.SriovError("timeout must be 0 or a positive number of seconds, got %d" % params["timeout"])
+    if params["state"] == "present" and params["count"] is None:
+        raise _sriov.SriovError("count is required with state=present (got null)")
+    count = 0 if params["state"] == "absent" else params["count"]
+    state = _sriov.pf_state(params["pf"], root)
+    changes = _sriov.plan(state, count, params["autoprobe"], params["force"], root)
+    changed = changes["numvfs"] is not None or changes["autoprobe"] is not None
+    new_autoprobe = state["autoprobe"] if changes["autoprobe"] is None else changes["autoprobe"]
+    result = {
+        "changed": changed,
+        "pf": state["pf"],
+        "numvfs": count,
+        "previous_numvfs": state["numvfs"],
+        "totalvfs": state["totalvfs"],
+        "driver": state["driver"],
+        "autoprobe": new_autoprobe,
+        "vfs": state["vfs"],
+    }
+    if module._diff:
+        result["diff"] = {
+            "before_header": "%s sriov" % state["pf"], "after_header": "%s sriov" % state["pf"],
+            "before": _diff_text(state["numvfs"], state["autoprobe"]),
+            "after": _diff_text(count, new_autoprobe),
+        }
+    if module.check_mode or not changed:
+        return result
+    if changes["autoprobe"] is not None:
+        _sriov.set_autoprobe(state, changes["autoprobe"])
+    if changes["numvfs"] is not None:
+        try:
+            _sriov.set_numvfs(state, changes["numvfs"], params["timeout"])
+        except _sriov.SriovError as exc:
+            if changes["autoprobe"] is not None:
+                try:
+                    _sriov.set_autoprobe(state, state["autoprobe"])
+                    exc.msg += "; sriov_drivers_autoprobe restored to %d" % int(state["autoprobe"])
+                except (_sriov.SriovError, SysfsError) as rexc:
+                    exc.msg += "; restoring sriov_drivers_autoprobe failed: %s" % rexc.msg
+            raise
+    result["vfs"] = _sriov.list_vfs(state["dir"])
+    return result
+
+
+def main():
+    module = build_module()
+    try:
+        result = run(module, ROOT)
+    except (_sriov.SriovError, SysfsError) as exc:
+        module.fail_json(msg=exc.msg)
+    except (IOError, OSError) as exc:
+        module.fail_json(msg="unexpected filesystem error: %s" % exc)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Unit tests of the lab tool's pure parts: image checks, inventory reading and writing, errors."""
+
+import hashlib
+import importlib.util
+import json
+import os
+
+import pytest
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+@pytest.fixture
+def gpulab(tmp_path, monkeypatch):
+    """A fresh copy of lab/gpulab.py whose cache, state and inventory live under tmp_path."""
+    monkeypatch.setenv("GPUOPS_LAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GPUOPS_LAB_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("GPUOPS_LAB_INVENTORY", str(tmp_path / "inventory"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "inventory").mkdir()
+    spec = importlib.util.spec_from_file_location("gpulab_under_test", os.path.join(TOP, "lab", "gpulab.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_image(gpulab, size=2 * 1024 * 1024):
+    """A small disk image with a boot signature and an ext4 magic where the lab expects them."""
+    data = bytearray(size)
+    data[510:512] = b"\x55\xaa"
+    data[gpulab.PART_OFFSET + 1080:gpulab.PART_OFFSET + 1082] = b"\x53\xef"
+    with open(gpulab.image_path(), "wb") as handle:
+        handle.write(bytes(data))
+    manifest = {"recipe": gpulab.RECIPE_VERSION, "size": size, "id": "abc",
+                "head_sha256": hashlib.sha256(bytes(data)).hexdigest(), "kernel": "6.1.0-1-amd64"}
+    with open(gpulab.manifest_path(), "w") as handle:
+        json.dump(manifest, handle)
+    return manifest
+
+
+def test_valid_image_has_no_problem(gpulab):
+    make_image(gpulab)
+    assert gpulab.image_problem() is None
+
+
+def test_missing_image(gpulab):
+    assert gpulab.image_problem() == "missing"
+
+
+def test_unreadable_manifest_is_corrupt(gpulab):
+    make_image(gpulab)
+    with open(gpulab.manifest_path(), "w") as handle:
+        handle.write("{")
+    assert gpulab.image_problem().startswith("corrupt: its manifest cannot be read")
+
+
+def test_truncated_image_is_corrupt(gpulab):
+    manifest = make_image(gpulab)
+    with open(gpulab.image_path(), "r+b") as handle:
+        handle.truncate(4096)
+    assert gpulab.image_problem() == "corrupt: size 4096, expected %d" % manifest["size"]
+
+
+def test_flipped_bytes_are_corrupt(gpulab):
+    make_image(gpulab)
+    with open(gpulab.image_path(), "r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\x01")
+    assert gpulab.image_problem() == "corrupt: its first 64 MiB do not match the recorded checksum"
+
+
+def test_missing_filesystem_is_corrupt(gpulab):
+    make_image(gpulab)
+    with open(gpulab.image_path(), "r+b") as handle:
+        handle.seek(gpulab.PART_OFFSET + 1080)
+        handle.write(b"\0\0")
+    assert gpulab.image_problem() == "corrupt: no boot sector or no ext4 file system"
+
+
+def test_older_recipe_is_outdated(gpulab):
+    make_image(gpulab)
+    with open(gpulab.manifest_path()) as handle:
+        manifest = json.load(handle)
+    manifest["recipe"] = "0"
+    with open(gpulab.manifest_path(), "w") as handle:
+        json.dump(manifest, handle)
+    assert gpulab.image_problem().startswith("outdated: built by recipe 0")
+
+
+def write_hosts(gpulab, text):
+    with open(gpulab.INVENTORY_HOSTS, "w") as handle:
+        handle.write(text)
+
+
+def test_hosts_come_from_the_inventory_in_order(gpulab):
+    write_hosts(gpulab, """
+all:
+  children:
+    gpu_nodes:
+      children:
+        container: {hosts: {b-host: null}}
+        vm_vgpu: {hosts: {a-host: null, b-host: null}}
+""")
+    assert gpulab.lab_hosts() == ["b-host", "a-host"]
+    assert gpulab.select_hosts([]) == ["b-host", "a-host"]
+    with pytest.raises(gpulab.LabError, match=r"unknown lab host\(s\) c-host; the lab has: b-host, a-host"):
+        gpulab.select_hosts(["c-host"])
+
+
+def test_empty_inventory_is_an_error(gpulab):
+    write_hosts(gpulab, "all: {}\n")
+    with pytest.raises(gpulab.LabError, match="names no hosts"):
+        gpulab.lab_hosts()
+
+
+def test_inventory_written_with_relative_key_and_ports(gpulab):
+    write_hosts(gpulab, "all: {hosts: {one: null, two: null}}\n")
+    gpulab.Vm("one").save_meta(ssh_port=40001)
+    os.makedirs(gpulab.STATE, exist_ok=True)
+    for suffix in ("", ".pub"):
+        with open(os.path.join(gpulab.STATE, "id_ed25519" + suffix), "w") as handle:
+            handle.write("key")
+    gpulab.write_inventory(gpulab.lab_hosts())
+    with open(gpulab.INVENTORY_CONNECTION) as handle:
+        text = handle.read()
+    assert text.startswith("---\n")
+    assert "    one:\n      ansible_host: 127.0.0.1\n      ansible_port: 40001\n" in text
+    assert "two:" not in text  # never started: no port to write
+    assert 'ansible_ssh_private_key_file: "{{ inventory_dir }}/../state/id_ed25519"' in text
+
+
+def test_forced_accel_must_be_known(gpulab, monkeypatch):
+    monkeypatch.setenv("GPUOPS_LAB_ACCEL", "hvf")
+    with pytest.raises(gpulab.LabError, match="GPUOPS_LAB_ACCEL=hvf: expected kvm or tcg"):
+        gpulab.choose_accel()
+
+
+def test_stand_in_devices_are_all_there(gpulab):
+    args = " ".join(gpulab.stand_in_devices("s1"))
+    for needle in ("edu,addr=03.0,multifunction=on", "ich9-intel-hda,addr=03.1", "sriov_max_vfs=4",
+                   "edu,bus=rp2", "-vga std"):
+        assert needle in args
+
+
+def test_main_turns_errors_into_messages(gpulab, capsys):
+    write_hosts(gpulab, "all: {hosts: {one: null}}\n")
+    assert gpulab.main(["status", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gpulab: error: unknown lab host(s) nope")

@@ -1,0 +1,289 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _cmdline as cl
+
+DEBIAN_GRUB = (
+    "# If you change this file, run 'update-grub' afterwards to update\n"
+    "GRUB_DEFAULT=0\n"
+    "GRUB_TIMEOUT=5\n"
+    "GRUB_DISTRIBUTOR=`( . /etc/os-release; echo ${NAME:-Debian} ) 2>/dev/null || echo Debian`\n"
+    'GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200 intel_iommu=off"\n'
+    'GRUB_CMDLINE_LINUX=""\n'
+    "#GRUB_TERMINAL=console\n"
+)
+
+
+def args(items, state="present", replace=True):
+    return cl.parse_args(items, state, replace)
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("good", ["quiet", "intel_iommu=on", "iommu=pt", "vfio-pci.ids=10de:2236,10de:1aef",
+                                  "console=ttyS0,115200n8", "crashkernel=1G-4G:192M,4G-:256M", "root=UUID=ab-12",
+                                  "rd.lvm.lv=rhel/root", "hugepagesz=1G", "_x=~a@b%c+d"])
+def test_parse_arg_accepts(good):
+    assert cl.parse_arg(good).text == good
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ("foo=$(id)", "'$'"),
+    ("foo=`id`", "'`'"),
+    ("a b", "unsafe or invalid key 'a b'"),
+    ("a=b c", "' '"),
+    ('x="y"', "'\"'"),
+    ("x='y'", "\"'\""),
+    ("a;b", "invalid key"),
+    ("a=b;c", "';'"),
+    ("a=b\\c", "'\\\\'"),
+    ("a=b\nc", "'\\n'"),
+    ("", "empty"),
+    ("key=", "no value"),
+    ("-x", "invalid key"),
+    ("=x", "invalid key"),
+    (True, "a boolean"),
+    (False, "a boolean"),
+    (None, "null"),
+    (1, "an integer"),
+    ({"a": 1}, "a mapping"),
+])
+def test_parse_arg_rejects_and_names_value(bad, fragment):
+    with pytest.raises(cl.CmdlineError) as info:
+        cl.parse_arg(bad)
+    assert fragment in info.value.msg
+    assert repr(bad) in info.value.msg
+    assert "accepted" in info.value.msg or "no value" in info.value.msg
+
+
+def test_parse_args_duplicates():
+    assert [a.text for a in args(["iommu=pt", "iommu=pt", "quiet"])] == ["iommu=pt", "quiet"]
+    with pytest.raises(cl.CmdlineError, match="replace_values=false"):
+        args(["console=tty0", "console=ttyS0"])
+    assert len(args(["console=tty0", "console=ttyS0"], replace=False)) == 2
+    assert len(args(["console=tty0", "console=ttyS0"], state="absent")) == 2
+    with pytest.raises(cl.CmdlineError, match="non-empty"):
+        args([])
+
+
+# --- merging ------------------------------------------------------------------------------------
+
+def test_present_replaces_conflict_in_place_and_keeps_order():
+    segs = [["ro", "intel_iommu=off", "quiet"], ["splash"]]
+    out = cl.apply_args(segs, args(["intel_iommu=on", "iommu=pt"]), "present")
+    assert out == [["ro", "intel_iommu=on", "quiet", "iommu=pt"], ["splash"]]
+    assert segs == [["ro", "intel_iommu=off", "quiet"], ["splash"]]  # input untouched
+
+
+def test_present_conflict_in_second_segment_and_duplicates_removed():
+    segs = [["a", "intel_iommu=on"], ["intel_iommu=off", "b", "intel_iommu=on"]]
+    out = cl.apply_args(segs, args(["intel_iommu=on"]), "present")
+    assert out == [["a", "intel_iommu=on"], ["b"]]
+
+
+def test_dash_and_underscore_keys_are_equal():
+    out = cl.apply_args([["vfio_pci.ids=1:2"]], args(["vfio-pci.ids=10de:2236"]), "present")
+    assert out == [["vfio-pci.ids=10de:2236"]]
+
+
+def test_present_without_replace_adds_second_console():
+    out = cl.apply_args([["console=tty0"]], args(["console=ttyS0,115200"], replace=False), "present", False)
+    assert out == [["console=tty0", "console=ttyS0,115200"]]
+    again = cl.apply_args(out, args(["console=ttyS0,115200"], replace=False), "present", False)
+    assert again == out
+
+
+def test_absent_by_key_and_by_value():
+    segs = [["a", "iommu=soft", "iommu=pt", "nomodeset", "nomodeset=1"]]
+    assert cl.apply_args(segs, args(["nomodeset"], "absent"), "absent") == [["a", "iommu=soft", "iommu=pt"]]
+    expected = [["a", "iommu=pt", "nomodeset", "nomodeset=1"]]
+    assert cl.apply_args(segs, args(["iommu=soft"], "absent"), "absent") == expected
+
+
+def test_satisfies():
+    tokens = ["BOOT_IMAGE=/vmlinuz", "intel_iommu=on", "iommu=pt", "console=tty0", "console=ttyS0"]
+    assert cl.satisfies(tokens, args(["intel_iommu=on", "iommu=pt"]), "present")
+    assert not cl.satisfies(tokens + ["intel_iommu=off"], args(["intel_iommu=on"]), "present")
+    assert not cl.satisfies(tokens, args(["console=ttyS0"]), "present")
+    assert cl.satisfies(tokens, args(["console=ttyS0"], replace=False), "present", False)
+    assert cl.satisfies(tokens, args(["nomodeset", "iommu=soft"], "absent"), "absent")
+    assert not cl.satisfies(tokens, args(["iommu"], "absent"), "absent")
+
+
+def test_split_cmdline_keeps_quoted_tokens():
+    assert cl.split_cmdline(' a  b="c d"\te\n') == ["a", 'b="c d"', "e"]
+    assert cl.split_cmdline("") == []
+
+
+SAFE_TOKEN = st.from_regex(r"\A[a-z][a-z0-9_]{0,6}(=[a-z0-9,:.]{1,6})?\Z")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(SAFE_TOKEN, max_size=12), st.lists(SAFE_TOKEN, max_size=12),
+       st.lists(SAFE_TOKEN, min_size=1, max_size=5), st.sampled_from(["present", "absent"]), st.booleans())
+def test_apply_properties(seg0, seg1, wanted, state, replace):
+    try:
+        request = cl.parse_args(wanted, state, replace)
+    except cl.CmdlineError:
+        return
+    out = cl.apply_args([seg0, seg1], request, state, replace)
+    merged = out[0] + out[1]
+    assert cl.satisfies(merged, request, state, replace)
+    # unrelated tokens keep their order and count
+    keys = {a.key for a in request}
+    unrelated = [t for t in seg0 + seg1 if cl.split_token(t)[0] not in keys]
+    assert [t for t in merged if cl.split_token(t)[0] not in keys] == unrelated
+    # idempotent
+    assert cl.apply_args(out, request, state, replace) == out
+
+
+# --- grub defaults files ------------------------------------------------------------------------
+
+def write(root, path, text):
+    full = os.path.join(str(root), path.lstrip("/"))
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "w") as handle:
+        handle.write(text)
+    return full
+
+
+def shell_values(root):
+    """What a real shell gets, sourcing the files the way Debian's grub-mkconfig does."""
+    script = ('. "$1/etc/default/grub"; for x in "$1"/etc/default/grub.d/*.cfg; do [ -e "$x" ] && . "$x"; done; '
+              'printf "%s\\n%s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"')
+    out = subprocess.run(["sh", "-c", script, "sh", str(root)], capture_output=True, text=True, check=True,
+                         env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}).stdout
+    linux, default = out.split("\n", 1)
+    return {cl.GRUB_LINUX: linux, cl.GRUB_LINUX_DEFAULT: default}
+
+
+def test_evaluate_debian_matches_shell(tmp_path):
+    write(tmp_path, "/etc/default/grub", DEBIAN_GRUB)
+    values, assignments = cl.evaluate_grub_defaults(str(tmp_path))
+    assert values == {"GRUB_CMDLINE_LINUX": "", "GRUB_CMDLINE_LINUX_DEFAULT": "console=ttyS0,115200 intel_iommu=off"}
+    assert values == shell_values(tmp_path)
+    assert len(assignments["GRUB_CMDLINE_LINUX_DEFAULT"]) == 1
+
+
+def test_evaluate_dropins_in_order_with_references(tmp_path):
+    write(tmp_path, "/etc/default/grub", DEBIAN_GRUB)
+    write(tmp_path, "/etc/default/grub.d/50-cloudimg-settings.cfg",
+          "# Cloud Image specific Grub settings\nGRUB_RECORDFAIL_TIMEOUT=0\nGRUB_TIMEOUT=0\n"
+          'GRUB_CMDLINE_LINUX_DEFAULT="console=tty1 console=ttyS0"\nGRUB_TERMINAL=console\n')
+    write(tmp_path, "/etc/default/grub.d/60-extra.cfg",
+          "EXTRA='a=1'\n"
+          'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} $EXTRA \\\n  b=2"  # trailing comment\n'
+          "export GRUB_CMDLINE_LINUX_DEFAULT=\"$GRUB_CMDLINE_LINUX_DEFAULT\"' nosplash'\n")
+    write(tmp_path, "/etc/default/grub.d/70-not-a-cfg.txt", 'GRUB_CMDLINE_LINUX="ignored"\n')
+    values, _assignments = cl.evaluate_grub_defaults(str(tmp_path))
+    assert values == shell_values(tmp_path)
+    assert cl.split_cmdline(values["GRUB_CMDLINE_LINUX"]) == ["a=1", "b=2"]
+    assert values["GRUB_CMDLINE_LINUX_DEFAULT"] == "console=tty1 console=ttyS0 nosplash"
+
+
+def test_evaluate_override_tries_a_dropin(tmp_path):
+    write(tmp_path, "/etc/default/grub", DEBIAN_GRUB)
+    dropin = os.path.join(str(tmp_path), "etc/default/grub.d/99-x.cfg")
+    values, _a = cl.evaluate_grub_defaults(str(tmp_path), {dropin: 'GRUB_CMDLINE_LINUX="x"\n'})
+    assert values["GRUB_CMDLINE_LINUX"] == "x"
+    assert not os.path.exists(dropin)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('GRUB_CMDLINE_LINUX="$(cat /etc/x)"\n', "command substitution"),
+    ('GRUB_CMDLINE_LINUX="`cat /etc/x`"\n', "command substitution"),
+    ('X=`uname -r`\nGRUB_CMDLINE_LINUX="a $X"\n', "command substitution"),
+    ('if [ -e /x ]; then\n  GRUB_CMDLINE_LINUX="a"\nfi\n', "inside a shell block"),
+    ('GRUB_CMDLINE_LINUX+=" a"\n', "shell statement"),
+    ('eval GRUB_CMDLINE_LINUX=a\n', "runs or sources"),
+    ('. /etc/other\n', "runs or sources"),
+    ('GRUB_CMDLINE_LINUX="${X:-a}"\n', "parameter expansion"),
+    ('GRUB_CMDLINE_LINUX="a\n', "unterminated double quote"),
+    ("GRUB_CMDLINE_LINUX='a\n", "unterminated single quote"),
+    ('GRUB_CMDLINE_LINUX=a true\n', "command's environment"),
+])
+def test_unsupported_shell_is_refused(text, fragment):
+    with pytest.raises(cl.CmdlineError) as info:
+        cl.parse_grub_defaults(text, "/etc/default/grub", {}, {})
+    assert fragment in info.value.msg
+    assert "/etc/default/grub" in info.value.msg
+
+
+def test_untracked_shell_is_tolerated():
+    text = ('f() { echo hi; }\nif [ -n "$GRUB_CMDLINE_LINUX" ]; then X=1; fi\nGRUB_THEME=$(ls)\n'
+            'case "$a" in b) Y=2;; esac\nGRUB_CMDLINE_LINUX="ok $HOME_NOT_SET"\n')
+    env = cl.parse_grub_defaults(text, "f", {}, {})
+    assert env["GRUB_CMDLINE_LINUX"] == "ok "
+
+
+def test_set_grub_variables_rewrites_last_assignment_only():
+    text = 'GRUB_CMDLINE_LINUX="one"\n# note\nGRUB_CMDLINE_LINUX="two"\nGRUB_TIMEOUT=5\n'
+    out = cl.set_grub_variables(text, "f", {"GRUB_CMDLINE_LINUX": 'x "y" $z', "GRUB_CMDLINE_LINUX_DEFAULT": "q"})
+    assert out == ('GRUB_CMDLINE_LINUX="one"\n# note\nGRUB_CMDLINE_LINUX="x \\"y\\" \\$z"\nGRUB_TIMEOUT=5\n'
+                   'GRUB_CMDLINE_LINUX_DEFAULT="q"\n')
+    env = cl.parse_grub_defaults(out, "f", {}, {})
+    assert env["GRUB_CMDLINE_LINUX"] == 'x "y" $z'
+
+
+def test_render_dropin_roundtrip(tmp_path):
+    text = cl.render_grub_dropin({"GRUB_CMDLINE_LINUX_DEFAULT": "a b=1"}, "me")
+    env = cl.parse_grub_defaults(text, "d", {}, {})
+    assert env == {"GRUB_CMDLINE_LINUX_DEFAULT": "a b=1"}
+
+
+def test_grubby_info_parsing():
+    out = ('index=0\nkernel="/boot/vmlinuz-5.14"\nargs="ro crashkernel=auto intel_iommu=off"\nroot="/dev/x"\n'
+           'initrd="/boot/initramfs"\ntitle="RHEL"\nid="abc"\nindex=1\nkernel="non linux entry"\n')
+    assert cl.parse_grubby_info(out) == [{"index": "0", "kernel": "/boot/vmlinuz-5.14",
+                                          "args": ["ro", "crashkernel=auto", "intel_iommu=off"]}]
+
+
+def test_proc_and_kernel_cmdline_files(tmp_path):
+    assert cl.read_proc_cmdline(str(tmp_path)) is None
+    write(tmp_path, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz initrd=\\x root=/dev/sda ro\n")
+    assert cl.strip_loader_tokens(cl.read_proc_cmdline(str(tmp_path))) == ["root=/dev/sda", "ro"]
+    write(tmp_path, "/etc/kernel/cmdline", "root=/dev/sda\nro quiet\n")
+    assert cl.read_kernel_cmdline_file(str(tmp_path)) == ["root=/dev/sda", "ro", "quiet"]
+    write(tmp_path, "/boot/loader/entries/a.conf", "title x\nlinux /vmlinuz\noptions root=/dev/sda ro\n")
+    assert cl.read_bls_options(cl.bls_entry_files(str(tmp_path))[0]) == ["root=/dev/sda", "ro"]
+
+
+def test_grub_mkconfig_reads_dropins(tmp_path):
+    debian = write(tmp_path, "/a", '#!/bin/sh\nfor x in ${sysconfdir}/default/grub.d/*.cfg ; do :; done\n')
+    upstream = write(tmp_path, "/b", "#!/bin/sh\n. ${sysconfdir}/default/grub\n")
+    assert cl.grub_mkconfig_reads_dropins(debian) is True
+    assert cl.grub_mkconfig_reads_dropins(upstream) is False
+    assert cl.grub_mkconfig_reads_dropins(str(tmp_path / "missing")) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_shell_reader_never_crashes(text):
+    try:
+        cl.parse_grub_defaults(text, "f", {}, {})
+    except cl.CmdlineError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.booleans(), st.none(), st.integers(), st.floats(),
+                 st.lists(st.text(max_size=3), max_size=2)))
+def test_parse_arg_total(item):
+    try:
+        arg = cl.parse_arg(item)
+    except cl.CmdlineError as exc:
+        assert repr(item) in exc.msg
+        return
+    assert isinstance(item, str)
+    assert not any(ch in item for ch in " \t\n\"'$`;\\")
+    assert arg.text == item

@@ -1,0 +1,643 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Unit tests for _mdev on fake hosts: an A100 whose VFs are mdev parents, an L40S with the NVIDIA
+vendor-specific vGPU interface, and the kernel's mtty sample parent.
+
+``MdevKernel`` extends the fake SR-IOV kernel with what the kernel does on writes to ``create``,
+``remove`` and ``current_vgpu_type``; the host builders are reused by the module tests.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
+    FakeKernel,
+    FakeTree,
+    _oserror,
+)
+
+A100_PF = "0000:3b:00.0"
+A100_VFS = ["0000:3b:00.4", "0000:3b:00.5", "0000:3b:00.6", "0000:3b:00.7"]
+L40S_PF = "0000:c1:00.0"
+L40S_VFS = ["0000:c1:00.4", "0000:c1:00.5", "0000:c1:00.6", "0000:c1:00.7"]
+A100_TYPES = {"nvidia-692": ("NVIDIA A100-4C", 1), "nvidia-693": ("NVIDIA A100-5C", 1),
+              "nvidia-699": ("NVIDIA A100-40C", 1)}
+MTTY_TYPES = {"mtty-1": ("Single port serial", 1), "mtty-2": ("Dual port serial", 2)}
+# L40S (48 GB): id -> (name, frame buffer in GB)
+L40S_TYPES = {1153: ("NVIDIA L40S-4Q", 4), 1155: ("NVIDIA L40S-8Q", 8), 1158: ("NVIDIA L40S-24Q", 24),
+              1159: ("NVIDIA L40S-48Q", 48)}
+VGPU_HEADER = "ID    : vGPU Name\n"
+
+
+class MdevKernel(FakeKernel):
+    """The fake kernel, plus mdev parents with a capacity, mdev create/remove and vendor vGPUs."""
+
+    def __init__(self, tree):
+        super().__init__(tree)
+        self.parents = {}  # real parent dir -> {"capacity": n, "costs": {type: cost}}
+        self.gpus = {}  # real PF dir -> {"memory": GB}
+        self.create_without_device = False
+
+    # ---- mdev bus
+    def add_mdev_parent(self, name, devdir, types, capacity):
+        for type_id, (type_name, _cost) in types.items():
+            base = "%s/mdev_supported_types/%s" % (devdir, type_id)
+            self.tree.write(base + "/name", type_name + "\n")
+            self.tree.write(base + "/device_api", "vfio-pci\n")
+            self.tree.write(base + "/description", "fake %s\n" % type_id)
+            self.tree.write(base + "/create", "")
+            os.makedirs(self.tree.p(base + "/devices"), exist_ok=True)
+        self.tree.link("/sys/class/mdev_bus/" + name, devdir)
+        os.makedirs(self.tree.p("/sys/bus/mdev/devices"), exist_ok=True)
+        self.parents[os.path.realpath(self.tree.p(devdir))] = {
+            "capacity": capacity, "costs": {t: c for t, (_n, c) in types.items()}}
+        self.refresh(os.path.realpath(self.tree.p(devdir)))
+
+    def _children(self, parent_dir):
+        out = []
+        for name in os.listdir(parent_dir):
+            link = os.path.join(parent_dir, name, "mdev_type")
+            if os.path.islink(link):
+                out.append((name, os.path.basename(os.readlink(link))))
+        return out
+
+    def refresh(self, parent_dir):
+        info = self.parents[parent_dir]
+        used = sum(info["costs"][t] for _u, t in self._children(parent_dir))
+        for type_id, cost in info["costs"].items():
+            with open(os.path.join(parent_dir, "mdev_supported_types", type_id, "available_instances"), "w") as fh:
+                fh.write("%d\n" % ((info["capacity"] - used) // cost))
+
+    def write(self, path, value):
+        rel = self.rel(path)
+        text = str(value).strip()
+        if rel.endswith("/create") and "/mdev_supported_types/" in rel:
+            self.writes.append((rel, text))
+            for suffix, code in list(self.refuse.items()):
+                if rel.endswith(suffix):
+                    raise _oserror(code, rel)
+            return self.mdev_create(path, rel, text)
+        if rel.startswith("/sys/bus/mdev/devices/") and rel.endswith("/remove"):
+            self.writes.append((rel, text))
+            for suffix, code in list(self.refuse.items()):
+                if rel.endswith(suffix):
+                    raise _oserror(code, rel)
+            return self.mdev_remove(path, rel)
+        if rel.endswith("/nvidia/current_vgpu_type"):
+            self.writes.append((rel, text))
+            for suffix, code in list(self.refuse.items()):
+                if rel.endswith(suffix):
+                    raise _oserror(code, rel)
+            return self.vgpu_write(path, rel, text)
+        return super().write(path, value)
+
+    def mdev_create(self, path, rel, dev_uuid):
+        type_dir = os.path.dirname(os.path.realpath(path))
+        type_id = os.path.basename(type_dir)
+        parent_dir = os.path.dirname(os.path.dirname(type_dir))
+        if len(dev_uuid) != 36:
+            raise _oserror(errno.EINVAL, rel)
+        with open(os.path.join(type_dir, "available_instances")) as fh:
+            if int(fh.read()) < 1:
+                raise _oserror(errno.ENOSPC, rel)
+        if os.path.lexists(self.tree.p("/sys/bus/mdev/devices/" + dev_uuid)):
+            raise _oserror(errno.EEXIST, rel)
+        if self.create_without_device:
+            return None
+        dev_dir = os.path.join(parent_dir, dev_uuid)
+        os.makedirs(dev_dir)
+        os.symlink("../mdev_supported_types/" + type_id, os.path.join(dev_dir, "mdev_type"))
+        with open(os.path.join(dev_dir, "remove"), "w") as fh:
+            fh.write("")
+        os.makedirs(self.tree.p("/sys/bus/mdev/devices"), exist_ok=True)
+        dev_rel = "/" + os.path.relpath(dev_dir, self.tree.root)
+        self.tree.link("/sys/bus/mdev/devices/" + dev_uuid, dev_rel)
+        self.refresh(parent_dir)
+        return None
+
+    def mdev_remove(self, path, rel):
+        link = os.path.dirname(path)
+        dev_dir = os.path.realpath(link)
+        parent_dir = os.path.dirname(dev_dir)
+        shutil.rmtree(dev_dir)
+        os.unlink(link)
+        self.refresh(parent_dir)
+
+    # ---- vendor-specific vGPU
+    def vgpu_refresh(self, pf_dir):
+        vfs = [os.path.realpath(os.path.join(pf_dir, n)) for n in os.listdir(pf_dir) if n.startswith("virtfn")]
+        current = {}
+        for vf in vfs:
+            with open(os.path.join(vf, "nvidia", "current_vgpu_type")) as fh:
+                current[vf] = int(fh.read())
+        used_types = {t for t in current.values() if t}
+        free = self.gpus[pf_dir]["memory"] - sum(L40S_TYPES[t][1] for t in current.values() if t)
+        for vf in vfs:
+            lines = [VGPU_HEADER]
+            if not current[vf]:
+                for tid, (name, size) in sorted(L40S_TYPES.items()):
+                    if size <= free and (not used_types or tid in used_types):
+                        lines.append("%-6d: %s\n" % (tid, name))
+            with open(os.path.join(vf, "nvidia", "creatable_vgpu_types"), "w") as fh:
+                fh.write("".join(lines))
+
+    def vgpu_write(self, path, rel, text):
+        vf_dir = os.path.dirname(os.path.dirname(os.path.realpath(path)))
+        pf_dir = os.path.realpath(os.path.join(vf_dir, "physfn"))
+        wanted = int(text)
+        with open(path) as fh:
+            now = int(fh.read())
+        if wanted:
+            if now:
+                raise _oserror(errno.EBUSY, rel)
+            creatable = _mdev.parse_vgpu_types(open(os.path.join(vf_dir, "nvidia", "creatable_vgpu_types")).read())
+            if wanted not in creatable:
+                raise _oserror(errno.EINVAL, rel)
+        with open(path, "w") as fh:
+            fh.write("%d\n" % wanted)
+        self.vgpu_refresh(pf_dir)
+
+
+def install(monkeypatch, kernel):
+    monkeypatch.setattr(_sriov, "write_attr", kernel.write)
+    monkeypatch.setattr(_mdev, "write_attr", kernel.write)
+    monkeypatch.setattr(_sriov, "_sleep", lambda _seconds: None)
+
+
+def build_a100(tree, kernel, vfs=4):
+    """A100 (10de:20b5) with SR-IOV VFs; each VF is an mdev parent holding one vGPU of any type."""
+    tree.add_pf(A100_PF, "0x10de", "0x20b5", "0x030200", "nvidia", 16, 4, "0x20b5")
+
+    def register(tree_, vf, vf_dir):
+        kernel.add_mdev_parent(vf, vf_dir, A100_TYPES, capacity=1)
+
+    kernel.on_vf_created = [register]
+    kernel.sriov_numvfs(tree.p("/sys/bus/pci/devices/%s/sriov_numvfs" % A100_PF), "", vfs)
+    kernel.on_vf_created = []
+
+
+def build_mtty(tree, kernel):
+    """The kernel's mtty sample: parent 'mtty', 24 serial ports shared by mtty-1 (1 port) and mtty-2 (2)."""
+    devdir = "/sys/devices/virtual/mtty/mtty"
+    os.makedirs(tree.p(devdir), exist_ok=True)
+    kernel.add_mdev_parent("mtty", devdir, MTTY_TYPES, capacity=24)
+
+
+def build_l40s(tree, kernel, vfs=4):
+    """L40S (10de:26b9), vGPU 17+ on kernel >= 6.8: VFs with nvidia/ attributes, no mdev bus."""
+    tree.add_pf(L40S_PF, "0x10de", "0x26b9", "0x030200", "nvidia", 32, 4, "0x26b9")
+    pf_dir = os.path.realpath(tree.p("/sys/bus/pci/devices/" + L40S_PF))
+    kernel.gpus[pf_dir] = {"memory": 48}
+
+    def register(tree_, vf, vf_dir):
+        tree_.write(vf_dir + "/nvidia/current_vgpu_type", "0\n")
+        tree_.write(vf_dir + "/nvidia/creatable_vgpu_types", VGPU_HEADER)
+
+    kernel.on_vf_created = [register]
+    kernel.sriov_numvfs(tree.p("/sys/bus/pci/devices/%s/sriov_numvfs" % L40S_PF), "", vfs)
+    kernel.on_vf_created = []
+    kernel.vgpu_refresh(pf_dir)
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """Fake host with an A100 and the mtty sample (mdev bus)."""
+    tree = FakeTree(tmp_path / "a100")
+    kernel = MdevKernel(tree)
+    install(monkeypatch, kernel)
+    build_a100(tree, kernel)
+    build_mtty(tree, kernel)
+    return tree, kernel
+
+
+@pytest.fixture
+def vgpu_host(tmp_path, monkeypatch):
+    """Fake host with an L40S on the vendor-specific interface and no /sys/class/mdev_bus."""
+    tree = FakeTree(tmp_path / "l40s")
+    kernel = MdevKernel(tree)
+    install(monkeypatch, kernel)
+    build_l40s(tree, kernel)
+    return tree, kernel
+
+
+def request(**kw):
+    base = {"type": "mtty-1", "state": "present", "backend": "auto", "pf": None, "parents": ["mtty"],
+            "uuids": None, "count": 1}
+    base.update(kw)
+    return base
+
+
+def avail(tree, parent, type_id):
+    return int(tree.read("/sys/class/mdev_bus/%s/mdev_supported_types/%s/available_instances" % (parent, type_id)))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("bad", ["4b20d080-1b54-4048-85b3-a6a62d165c0", "{4b20d080-1b54-4048-85b3-a6a62d165c01}",
+                                 "4b20d0801b54404885b3a6a62d165c01", "", None, 12])
+def test_normalize_uuid_rejects(bad):
+    with pytest.raises(_mdev.MdevError, match="exactly 36 characters"):
+        _mdev.normalize_uuid(bad)
+
+
+def test_normalize_uuid_lowercases():
+    assert _mdev.normalize_uuid("4B20D080-1B54-4048-85B3-A6A62D165C01") == "4b20d080-1b54-4048-85b3-a6a62d165c01"
+
+
+def test_normalize_parent():
+    assert _mdev.normalize_parent("3B:00.4") == "0000:3b:00.4"
+    assert _mdev.normalize_parent("MTTY") == "MTTY"
+    for bad in ("../mtty", "mt ty", "", ".", "a/b", None):
+        with pytest.raises(_mdev.MdevError, match="not valid"):
+            _mdev.normalize_parent(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, "2", 1.5, None])
+def test_check_count(bad):
+    with pytest.raises(_mdev.MdevError, match="count must be a positive integer"):
+        _mdev.check_count(bad)
+
+
+def test_derive_uuid_is_stable_and_distinct():
+    first = _mdev.derive_uuid("mtty", "mtty-1", 0)
+    assert first == _mdev.derive_uuid("mtty", "mtty-1", 0)
+    assert len({first, _mdev.derive_uuid("mtty", "mtty-1", 1), _mdev.derive_uuid("mtty", "mtty-2", 0)}) == 3
+    assert len(first) == 36
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_reads_parents_and_types(host):
+    tree, _kernel = host
+    assert _mdev.list_parents(tree.root) == A100_VFS + ["mtty"]
+    types = _mdev.parent_types(A100_VFS[0], tree.root)
+    assert types["nvidia-692"]["name"] == "NVIDIA A100-4C"
+    assert types["nvidia-692"]["available_instances"] == 1
+    assert _mdev.parent_types("mtty", tree.root)["mtty-2"]["available_instances"] == 12
+
+
+def test_vgpu_types_parse():
+    text = VGPU_HEADER + "1153  : NVIDIA L40S-4Q\n1155  : NVIDIA L40S-8Q\n0 : bogus\n"
+    assert _mdev.parse_vgpu_types(text) == {1153: "NVIDIA L40S-4Q", 1155: "NVIDIA L40S-8Q"}
+
+
+def test_backend_detection_mdev(host):
+    tree, _k = host
+    assert _mdev.detect_backend(request(pf=A100_PF, parents=None), tree.root) == "mdev"
+    assert _mdev.detect_backend(request(parents=["mtty"]), tree.root) == "mdev"
+
+
+def test_backend_detection_vendor_specific(vgpu_host):
+    vtree, _k = vgpu_host
+    assert not os.path.exists(vtree.p("/sys/class/mdev_bus"))
+    assert _mdev.detect_backend(request(pf=L40S_PF, parents=None), vtree.root) == "nvidia"
+    assert _mdev.detect_backend(request(parents=[L40S_VFS[0]]), vtree.root) == "nvidia"
+
+
+# --------------------------------------------------------------------------- planning: errors (RELIABILITY 3, 5, 12, 14)
+
+
+def test_missing_parent_lists_existing_and_is_case_sensitive(host):
+    tree, kernel = host
+    before = tree.snapshot()
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.build_plan(request(parents=["MTTY"]), tree.root)
+    assert info.value.kind == _mdev.E_PARENT
+    assert info.value.msg == ("mdev parent 'MTTY' does not exist (parent names are case-sensitive); existing "
+                              "parents: 0000:3b:00.4, 0000:3b:00.5, 0000:3b:00.6, 0000:3b:00.7, mtty")
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+def test_missing_type_lists_types(host):
+    tree, kernel = host
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.build_plan(request(type="mtty-9"), tree.root)
+    assert info.value.kind == _mdev.E_TYPE
+    assert info.value.msg == ("mdev type 'mtty-9' does not exist on parent mtty; types there: "
+                              "mtty-1 (Single port serial), mtty-2 (Dual port serial)")
+    assert kernel.writes == []
+
+
+def test_too_few_instances_says_available_and_needed(host):
+    tree, _kernel = host
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.build_plan(request(type="mtty-2", count=13), tree.root)
+    assert info.value.kind == _mdev.E_CAPACITY
+    assert "12 available, 13 needed" in info.value.msg
+
+
+def test_uuid_active_with_other_type(host):
+    tree, _kernel = host
+    dev = "4b20d080-1b54-4048-85b3-a6a62d165c01"
+    _mdev.apply_plan(_mdev.build_plan(request(type="mtty-2", uuids=[dev], count=1), tree.root), tree.root, 0)
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.build_plan(request(type="mtty-1", uuids=[dev]), tree.root)
+    assert info.value.kind == _mdev.E_CONFLICT
+    assert info.value.msg == ("UUID %s is already active with another type: type mtty-2 on parent mtty "
+                              "(wanted mtty-1 on mtty)" % dev)
+
+
+def test_uuids_need_one_parent(host):
+    tree, _kernel = host
+    with pytest.raises(_mdev.MdevError, match="uuids needs exactly one parent"):
+        _mdev.build_plan(request(parents=["mtty", A100_VFS[0]], uuids=["4b20d080-1b54-4048-85b3-a6a62d165c01"]),
+                         tree.root)
+
+
+def test_no_mdev_bus_and_no_vendor_interface(tmp_path):
+    tree = FakeTree(tmp_path)
+    with pytest.raises(_mdev.MdevError, match="this host has no mdev parents"):
+        _mdev.build_plan(request(), tree.root)
+
+
+def test_wait_for_late_parent(tmp_path, monkeypatch):
+    tree = FakeTree(tmp_path)
+    kernel = MdevKernel(tree)
+    install(monkeypatch, kernel)
+    slept = []
+
+    def appear(seconds):
+        slept.append(seconds)
+        if len(slept) == 3:
+            build_mtty(tree, kernel)
+
+    monkeypatch.setattr(_sriov, "_sleep", appear)
+    plan = _mdev.build_plan_waiting(request(), tree.root, timeout=30)
+    assert len(slept) == 3 and len(plan["create"]) == 1
+
+
+def test_wait_is_bounded(tmp_path, monkeypatch):
+    tree = FakeTree(tmp_path)
+    clock = [100.0]
+    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sriov, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.build_plan_waiting(request(), tree.root, timeout=2)
+    assert info.value.msg.endswith("(waited 2s)")
+    assert 102.0 <= clock[0] <= 102.5
+
+
+def test_non_retryable_errors_do_not_wait(host, monkeypatch):
+    tree, _kernel = host
+    monkeypatch.setattr(_sriov, "_sleep", lambda s: pytest.fail("must not wait"))
+    with pytest.raises(_mdev.MdevError, match="13 needed"):
+        _mdev.build_plan_waiting(request(type="mtty-2", count=13), tree.root, timeout=30)
+
+
+# --------------------------------------------------------------------------- planning: idempotence and adoption
+
+
+def test_name_and_id_give_the_same_devices(host):
+    tree, _kernel = host
+    by_id = _mdev.build_plan(request(type="mtty-1", count=2), tree.root)
+    by_name = _mdev.build_plan(request(type="Single port serial", count=2), tree.root)
+    assert [e["uuid"] for e in by_id["create"]] == [e["uuid"] for e in by_name["create"]]
+    assert [e["uuid"] for e in by_id["create"]] == [_mdev.derive_uuid("mtty", "mtty-1", i) for i in (0, 1)]
+
+
+def test_adopts_existing_devices_of_the_type(host):
+    tree, _kernel = host
+    foreign = "00000000-0000-4000-8000-000000000001"
+    _mdev.apply_plan(_mdev.build_plan(request(uuids=[foreign]), tree.root), tree.root, 0)
+    plan = _mdev.build_plan(request(count=2), tree.root)
+    assert [e["uuid"] for e in plan["keep"]] == [foreign]
+    assert len(plan["create"]) == 1
+
+
+def test_a100_pf_spreads_over_vfs(host):
+    tree, _kernel = host
+    plan = _mdev.build_plan(request(type="NVIDIA A100-4C", pf=A100_PF, parents=None, count=3), tree.root)
+    assert plan["backend"] == "mdev"
+    assert [e["parent"] for e in plan["create"]] == A100_VFS[:3]
+    _mdev.apply_plan(plan, tree.root, 0)
+    assert [avail(tree, vf, "nvidia-692") for vf in A100_VFS] == [0, 0, 0, 1]
+    again = _mdev.build_plan(request(type="nvidia-692", pf=A100_PF, parents=None, count=3), tree.root)
+    assert again["create"] == [] and len(again["keep"]) == 3
+    with pytest.raises(_mdev.MdevError, match="1 available, 2 needed"):
+        _mdev.build_plan(request(type="nvidia-692", pf=A100_PF, parents=None, count=5), tree.root)
+
+
+# --------------------------------------------------------------------------- vendor-specific interface
+
+
+def test_vgpu_by_name_and_idempotent(vgpu_host):
+    tree, _kernel = vgpu_host
+    plan = _mdev.build_plan(request(type="NVIDIA L40S-8Q", pf=L40S_PF, parents=None, count=3), tree.root)
+    assert plan["backend"] == "nvidia"
+    assert [e["parent"] for e in plan["create"]] == L40S_VFS[:3]
+    _mdev.apply_plan(plan, tree.root, 0)
+    assert [_mdev.current_vgpu_type(vf, tree.root) for vf in L40S_VFS] == [1155, 1155, 1155, 0]
+    again = _mdev.build_plan(request(type="1155", pf=L40S_PF, parents=None, count=3), tree.root)
+    assert again["create"] == [] and len(again["keep"]) == 3
+    assert not os.path.exists(tree.p("/sys/bus/pci/drivers/vfio-pci"))
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("0", "type ids are integers greater than 0"),
+    ("-5", "type ids are integers greater than 0"),
+    ("999", "vGPU type 999 is not creatable"),
+    ("NVIDIA L40S-7Q", "vGPU type 'NVIDIA L40S-7Q' is not creatable"),
+])
+def test_vgpu_bad_type(vgpu_host, spec, match):
+    tree, kernel = vgpu_host
+    before = tree.snapshot()
+    with pytest.raises(_mdev.MdevError, match=match):
+        _mdev.build_plan(request(type=spec, pf=L40S_PF, parents=None), tree.root)
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+def test_vgpu_capacity(vgpu_host):
+    tree, _kernel = vgpu_host
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.build_plan(request(type="NVIDIA L40S-8Q", pf=L40S_PF, parents=None, count=5), tree.root)
+    assert info.value.kind == _mdev.E_CAPACITY
+    assert "4 available, 5 needed" in info.value.msg
+
+
+def test_vgpu_vf_with_other_type(vgpu_host):
+    tree, _kernel = vgpu_host
+    _mdev.apply_plan(_mdev.build_plan(request(type="1153", parents=[L40S_VFS[0]]), tree.root), tree.root, 0)
+    with pytest.raises(_mdev.MdevError, match="already carries vGPU type 1153, not 1155"):
+        _mdev.build_plan(request(type="1155", parents=[L40S_VFS[0]]), tree.root)
+    with pytest.raises(_mdev.MdevError, match="count must be 1"):
+        _mdev.build_plan(request(type="1153", parents=[L40S_VFS[1]], count=2), tree.root)
+
+
+def test_vgpu_absent(vgpu_host):
+    tree, _kernel = vgpu_host
+    _mdev.apply_plan(_mdev.build_plan(request(type="1155", pf=L40S_PF, parents=None, count=2), tree.root),
+                     tree.root, 0)
+    plan = _mdev.build_plan(request(type="NVIDIA L40S-8Q", pf=L40S_PF, parents=None, state="absent"), tree.root)
+    assert [e["parent"] for e in plan["remove"]] == L40S_VFS[:2]
+    _mdev.apply_plan(plan, tree.root, 0)
+    assert [_mdev.current_vgpu_type(vf, tree.root) for vf in L40S_VFS] == [0, 0, 0, 0]
+
+
+def test_vgpu_rollback_when_kernel_refuses(vgpu_host):
+    tree, kernel = vgpu_host
+    plan = _mdev.build_plan(request(type="1155", pf=L40S_PF, parents=None, count=3), tree.root)
+    kernel.refuse[L40S_VFS[2] + "/nvidia/current_vgpu_type"] = errno.EIO
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.apply_plan(plan, tree.root, 0)
+    assert "Input/output error" in info.value.msg and "rolled back 2 change(s)" in info.value.msg
+    assert [_mdev.current_vgpu_type(vf, tree.root) for vf in L40S_VFS] == [0, 0, 0, 0]
+
+
+# --------------------------------------------------------------------------- applying, read-back and rollback
+
+
+def test_apply_creates_and_reads_back(host):
+    tree, _kernel = host
+    plan = _mdev.build_plan(request(type="mtty-2", count=3), tree.root)
+    _mdev.apply_plan(plan, tree.root, 0)
+    devices = _mdev.list_mdev_devices(tree.root)
+    assert sorted(devices) == sorted(e["uuid"] for e in plan["create"])
+    assert {d["parent"] for d in devices.values()} == {"mtty"}
+    assert avail(tree, "mtty", "mtty-2") == 9 and avail(tree, "mtty", "mtty-1") == 18
+
+
+def test_rollback_in_reverse_order_when_kernel_refuses(host):
+    tree, kernel = host
+    before = tree.snapshot()
+    plan = _mdev.build_plan(request(type="mtty-1", count=3), tree.root)
+    third = plan["create"][2]["uuid"]
+
+    def refuse_third(_kernel, _path, rel, value):
+        if rel.endswith("/create") and value == third:
+            raise _oserror(errno.ENOSPC, rel)
+        return False
+
+    kernel.hooks.append(refuse_third)
+    # hooks only run for writes MdevKernel passes down; route create through them too
+    original = kernel.mdev_create
+
+    def create(path, rel, value):
+        refuse_third(kernel, path, rel, value)
+        return original(path, rel, value)
+
+    kernel.mdev_create = create
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.apply_plan(plan, tree.root, 0)
+    assert "No space left on device" in info.value.msg
+    assert "rolled back 2 change(s) of this run" in info.value.msg
+    removes = [rel for rel, _v in kernel.writes if rel.endswith("/remove")]
+    assert removes == ["/sys/bus/mdev/devices/%s/remove" % plan["create"][i]["uuid"] for i in (1, 0)]
+    assert tree.snapshot() == before
+
+
+def test_rollback_continues_past_errors_and_reports_them(host):
+    tree, kernel = host
+    plan = _mdev.build_plan(request(type="mtty-1", count=3), tree.root)
+    first, second, third = (e["uuid"] for e in plan["create"])
+    original = kernel.mdev_create
+
+    def create(path, rel, value):
+        if value == third:
+            raise _oserror(errno.ENOSPC, rel)
+        return original(path, rel, value)
+
+    kernel.mdev_create = create
+    kernel.refuse["%s/remove" % second] = errno.EBUSY
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.apply_plan(plan, tree.root, 0)
+    assert "rollback errors: %s (type mtty-1 on mtty)" % second in info.value.msg
+    assert "Device or resource busy" in info.value.msg
+    assert info.value.details["rolled_back"] == ["%s (type mtty-1 on mtty)" % first]
+    assert sorted(_mdev.list_mdev_devices(tree.root)) == [second]
+
+
+def test_readback_failure_is_an_error(host):
+    tree, kernel = host
+    kernel.create_without_device = True
+    plan = _mdev.build_plan(request(), tree.root)
+    with pytest.raises(_mdev.MdevError, match="did not appear; nothing had been changed"):
+        _mdev.apply_plan(plan, tree.root, 0)
+
+
+def test_absent_refuses_devices_in_use(host):
+    tree, _kernel = host
+    plan = _mdev.build_plan(request(), tree.root)
+    _mdev.apply_plan(plan, tree.root, 0)
+    dev = plan["create"][0]["uuid"]
+    tree.link("/sys/bus/mdev/devices/%s/iommu_group" % dev, "/sys/kernel/iommu_groups/77")
+    tree.open_fd(900, "qemu-system-x86", "/dev/vfio/77")
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.build_plan(request(state="absent"), tree.root)
+    assert info.value.kind == _mdev.E_BUSY
+    assert "%s is open by PID 900 (qemu-system-x86)" % dev in info.value.msg
+
+
+def test_absent_with_missing_parent_is_empty(host):
+    tree, _kernel = host
+    plan = _mdev.build_plan(request(parents=["gone"], state="absent"), tree.root)
+    assert plan["remove"] == []
+
+
+# --------------------------------------------------------------------------- definitions and the boot script
+
+
+def test_definitions_round_trip_and_absent():
+    entries = [("mdev", "mtty", "mtty-1", "4b20d080-1b54-4048-85b3-a6a62d165c01"), ("vgpu", L40S_VFS[0], "1155", "")]
+    text = _mdev.render_definitions(entries)
+    assert _mdev.parse_definitions(text) == sorted(entries)
+    plan = {"backend": "mdev", "remove": [], "targets": ["mtty"], "type_ids": ["mtty-1"]}
+    assert _mdev.desired_definitions(plan, {"state": "absent", "uuids": None}, entries) == [entries[1]]
+
+
+def _run_script(tree, tries="1"):
+    script = tree.p("/restore.sh")
+    with open(script, "w") as fh:
+        fh.write(_mdev.RESTORE_SCRIPT_TEXT)
+    env = dict(os.environ, GPUOPS_SYSFS=tree.p("/sys"), GPUOPS_MDEV_TRIES=tries)
+    return subprocess.run(["/bin/sh", script, tree.p("/etc/gpuops/mdev-devices.conf")], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs /bin/sh")
+def test_boot_script_vgpu(vgpu_host):
+    tree, _kernel = vgpu_host
+    tree.write("/etc/gpuops/mdev-devices.conf", _mdev.render_definitions([("vgpu", L40S_VFS[1], "1155", "")]))
+    done = _run_script(tree)
+    assert done.returncode == 0, done.stderr
+    assert tree.read("/sys/bus/pci/devices/%s/nvidia/current_vgpu_type" % L40S_VFS[1]) == "1155"
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs /bin/sh")
+def test_boot_script_existing_mdev(host):
+    mtree, _mk = host
+    plan = _mdev.build_plan(request(), mtree.root)
+    _mdev.apply_plan(plan, mtree.root, 0)
+    mtree.write("/etc/gpuops/mdev-devices.conf", _mdev.render_definitions(
+        [_mdev.definition_of(plan["create"][0])]))
+    done = _run_script(mtree)
+    assert done.returncode == 0 and "ok: mdev mtty mtty-1" in done.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs /bin/sh")
+def test_boot_script_gives_up_on_missing_parent(tmp_path):
+    tree = FakeTree(tmp_path)
+    tree.write("/etc/gpuops/mdev-devices.conf", _mdev.render_definitions(
+        [("mdev", "mtty", "mtty-1", "4b20d080-1b54-4048-85b3-a6a62d165c01")]))
+    done = _run_script(tree, tries="1")
+    assert done.returncode == 1
+    assert "gave up after 1 attempts" in done.stderr and "mdev mtty mtty-1" in done.stderr
+
+
+def test_sysfs_errors_pass_through(host):
+    tree, _kernel = host
+    with pytest.raises(SysfsError, match="does not exist"):
+        _mdev.build_plan(request(pf="0000:99:00.0", parents=None), tree.root)

@@ -1,0 +1,380 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Unit tests for _sriov, on a fake sysfs tree with a small simulated kernel.
+
+``FakeTree`` and ``FakeKernel`` are also used by the mdev and module tests.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+import pytest
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sysfs
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+
+BRIDGE = "/sys/devices/pci0000:00/0000:00:01.0"
+NVME_PF = "0000:01:00.0"
+
+
+class FakeTree:
+    """Builds a sysfs/procfs tree under a temporary root, shaped like the real one (relative links)."""
+
+    def __init__(self, root):
+        self.root = str(root)
+        for path in ("/sys/bus/pci/devices", "/sys/bus/pci/drivers", "/sys/kernel/iommu_groups", "/proc"):
+            os.makedirs(self.p(path), exist_ok=True)
+
+    def p(self, path):
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def write(self, path, text):
+        os.makedirs(os.path.dirname(self.p(path)), exist_ok=True)
+        with open(self.p(path), "w") as handle:
+            handle.write(text)
+
+    def read(self, path):
+        with open(self.p(path)) as handle:
+            return handle.read().strip()
+
+    def link(self, path, target):
+        """Symlink host ``path`` to host ``target``, relative like sysfs links."""
+        full = self.p(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        if os.path.lexists(full):
+            os.unlink(full)
+        os.symlink(os.path.relpath(self.p(target), os.path.dirname(full)), full)
+
+    def add_pci(self, address, vendor, device, cls, driver=None, bridge=BRIDGE, group=None):
+        devdir = "%s/%s" % (bridge, address)
+        os.makedirs(self.p(devdir), exist_ok=True)
+        self.write(devdir + "/vendor", vendor + "\n")
+        self.write(devdir + "/device", device + "\n")
+        self.write(devdir + "/class", cls + "\n")
+        self.link("/sys/bus/pci/devices/" + address, devdir)
+        if driver:
+            os.makedirs(self.p("/sys/bus/pci/drivers/" + driver), exist_ok=True)
+            self.link(devdir + "/driver", "/sys/bus/pci/drivers/" + driver)
+        if group is not None:
+            os.makedirs(self.p("/sys/kernel/iommu_groups/%s" % group), exist_ok=True)
+            self.link(devdir + "/iommu_group", "/sys/kernel/iommu_groups/%s" % group)
+        return devdir
+
+    def add_pf(self, address, vendor, device, cls, driver, totalvfs, offset, vf_device, autoprobe=True):
+        devdir = self.add_pci(address, vendor, device, cls, driver=driver)
+        self.write(devdir + "/sriov_totalvfs", "%d\n" % totalvfs)
+        self.write(devdir + "/sriov_numvfs", "0\n")
+        self.write(devdir + "/sriov_offset", "%d\n" % offset)
+        self.write(devdir + "/sriov_stride", "1\n")
+        self.write(devdir + "/sriov_vf_device", vf_device + "\n")
+        self.write(devdir + "/sriov_drivers_autoprobe", "1\n" if autoprobe else "0\n")
+        return devdir
+
+    def open_fd(self, pid, comm, target):
+        """Pretend process ``pid`` holds ``target`` (e.g. /dev/vfio/12) open."""
+        self.write("/proc/%d/comm" % pid, comm + "\n")
+        fd_dir = self.p("/proc/%d/fd" % pid)
+        os.makedirs(fd_dir, exist_ok=True)
+        os.symlink(target, os.path.join(fd_dir, str(len(os.listdir(fd_dir)) + 3)))
+
+    def snapshot(self):
+        """Every path, link target and file content under the root, to prove nothing changed."""
+        state = {}
+        for top, dirs, files in os.walk(self.root):
+            for name in dirs + files:
+                full = os.path.join(top, name)
+                rel = os.path.relpath(full, self.root)
+                if os.path.islink(full):
+                    state[rel] = "-> " + os.readlink(full)
+                elif os.path.isfile(full):
+                    with open(full) as handle:
+                        state[rel] = handle.read()
+                else:
+                    state[rel] = "<dir>"
+        return state
+
+
+def _oserror(code, path):
+    return SysfsError("writing to %s failed: %s" % (path, os.strerror(code)), path=path)
+
+
+class FakeKernel:
+    """Reacts to sysfs writes the way the kernel does, for the attributes the modules write.
+
+    ``refuse`` maps a path suffix to an errno: the next matching write fails with it. Other writes go
+    to the real ``write_attr`` (a plain file on the fake tree).
+    """
+
+    def __init__(self, tree):
+        self.tree = tree
+        self.writes = []
+        self.refuse = {}
+        self.hooks = []
+
+    def rel(self, path):
+        return "/" + os.path.relpath(path, self.tree.root)
+
+    def write(self, path, value):
+        rel = self.rel(path)
+        self.writes.append((rel, str(value).strip()))
+        for suffix, code in list(self.refuse.items()):
+            if rel.endswith(suffix):
+                raise _oserror(code, rel)
+        for hook in self.hooks:
+            if hook(self, path, rel, str(value).strip()):
+                return None
+        if rel.endswith("/sriov_numvfs"):
+            return self.sriov_numvfs(path, rel, int(str(value).strip()))
+        return _sysfs.write_attr(path, value)
+
+    def sriov_numvfs(self, path, rel, count):
+        tree = self.tree
+        pf_dir = os.path.dirname(os.path.realpath(path))
+        pf_rel = "/" + os.path.relpath(pf_dir, tree.root)
+        total = int(tree.read(pf_rel + "/sriov_totalvfs"))
+        current = int(tree.read(pf_rel + "/sriov_numvfs"))
+        if count > total:
+            raise _oserror(errno.ERANGE, rel)
+        if count == current:
+            return None
+        if not os.path.islink(os.path.join(pf_dir, "driver")):
+            raise _oserror(errno.ENOENT, rel)
+        if count and current:
+            raise _oserror(errno.EBUSY, rel)
+        if count == 0:
+            for name in sorted(os.listdir(pf_dir)):
+                if name.startswith("virtfn"):
+                    vf = os.path.basename(os.readlink(os.path.join(pf_dir, name)))
+                    shutil.rmtree(os.path.join(os.path.dirname(pf_dir), vf), ignore_errors=True)
+                    os.unlink(tree.p("/sys/bus/pci/devices/" + vf))
+                    os.unlink(os.path.join(pf_dir, name))
+        else:
+            address = os.path.basename(pf_dir)
+            domain_bus, slotfn = address.rsplit(":", 1)
+            slot, fn = slotfn.split(".")
+            base = int(slot, 16) * 8 + int(fn)
+            offset = int(tree.read(pf_rel + "/sriov_offset"))
+            autoprobe = tree.read(pf_rel + "/sriov_drivers_autoprobe") == "1"
+            driver = os.path.basename(os.readlink(os.path.join(pf_dir, "driver")))
+            for index in range(count):
+                devfn = base + offset + index
+                vf = "%s:%02x.%d" % (domain_bus, devfn >> 3, devfn & 7)
+                vf_dir = os.path.dirname(pf_rel) + "/" + vf
+                tree.add_pci(vf, tree.read(pf_rel + "/vendor"), tree.read(pf_rel + "/sriov_vf_device"),
+                             tree.read(pf_rel + "/class"), driver=driver if autoprobe else None,
+                             bridge=os.path.dirname(pf_rel), group=100 + devfn)
+                tree.link(vf_dir + "/physfn", pf_rel)
+                tree.link(pf_rel + "/virtfn%d" % index, vf_dir)
+                for callback in getattr(self, "on_vf_created", []):
+                    callback(tree, vf, vf_dir)
+        tree.write(pf_rel + "/sriov_numvfs", "%d\n" % count)
+        return None
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return FakeTree(tmp_path)
+
+
+@pytest.fixture
+def kernel(tree, monkeypatch):
+    fake = FakeKernel(tree)
+    monkeypatch.setattr(_sriov, "write_attr", fake.write)
+    monkeypatch.setattr(_sriov, "_sleep", lambda _seconds: None)
+    return fake
+
+
+def add_nvme_pf(tree, driver="nvme", totalvfs=4):
+    """The lab's QEMU nvme (1b36:0010), an SR-IOV PF with 4 VFs at offset 1."""
+    return tree.add_pf(NVME_PF, "0x1b36", "0x0010", "0x010802", driver, totalvfs, 1, "0x0010")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_pf_state_reads_everything(tree, kernel):
+    add_nvme_pf(tree)
+    state = _sriov.pf_state("01:00.0", tree.root)
+    assert state["pf"] == NVME_PF
+    assert (state["totalvfs"], state["numvfs"], state["driver"], state["autoprobe"]) == (4, 0, "nvme", True)
+    assert state["vfs"] == []
+
+
+def test_pf_state_not_sriov(tree):
+    tree.add_pci("0000:02:00.0", "0x8086", "0x10d3", "0x020000", driver="e1000e")
+    with pytest.raises(_sriov.SriovError, match="not an SR-IOV physical function"):
+        _sriov.pf_state("0000:02:00.0", tree.root)
+
+
+@pytest.mark.parametrize("bad", ["0000:01:00.8", "zz:00.0", "", "0000:01:00.0/../x"])
+def test_pf_state_bad_address(tree, bad):
+    add_nvme_pf(tree)
+    with pytest.raises(SysfsError, match="not valid"):
+        _sriov.pf_state(bad, tree.root)
+
+
+def test_pf_state_missing_device(tree):
+    with pytest.raises(SysfsError, match="does not exist"):
+        _sriov.pf_state("0000:05:00.0", tree.root)
+
+
+def test_list_vfs_orders_by_index_not_name(tree, kernel):
+    add_nvme_pf(tree, totalvfs=12)
+    state = _sriov.pf_state(NVME_PF, tree.root)
+    _sriov.set_numvfs(state, 11, timeout=0)
+    vfs = _sriov.list_vfs(state["dir"])
+    assert vfs[0] == "0000:01:00.1" and vfs[9] == "0000:01:01.2" and len(vfs) == 11
+
+
+def test_wait_until_is_bounded(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
+
+    def tick(seconds):
+        clock[0] += seconds
+
+    monkeypatch.setattr(_sriov, "_sleep", tick)
+    calls = []
+    assert not _sriov.wait_until(lambda: calls.append(1), 1.0, interval=0.25)
+    assert len(calls) == 5
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def test_plan_refuses_count_above_total_and_changes_nothing(tree, kernel):
+    add_nvme_pf(tree)
+    before = tree.snapshot()
+    state = _sriov.pf_state(NVME_PF, tree.root)
+    with pytest.raises(_sriov.SriovError) as info:
+        _sriov.plan(state, 5, root=tree.root)
+    assert info.value.msg == "cannot enable 5 VFs on 0000:01:00.0: sriov_totalvfs is 4"
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+def test_plan_refuses_negative(tree, kernel):
+    add_nvme_pf(tree)
+    with pytest.raises(_sriov.SriovError, match="0 or a positive integer"):
+        _sriov.plan(_sriov.pf_state(NVME_PF, tree.root), -1, root=tree.root)
+
+
+def test_plan_needs_a_driver(tree, kernel):
+    add_nvme_pf(tree, driver=None)
+    with pytest.raises(_sriov.SriovError, match="has no driver bound"):
+        _sriov.plan(_sriov.pf_state(NVME_PF, tree.root), 2, root=tree.root)
+
+
+def test_plan_noop_when_equal(tree, kernel):
+    add_nvme_pf(tree, driver=None)
+    changes = _sriov.plan(_sriov.pf_state(NVME_PF, tree.root), 0, root=tree.root)
+    assert changes == {"numvfs": None, "autoprobe": None}
+
+
+def test_plan_refuses_vfio_bound_vf_unless_forced(tree, kernel):
+    add_nvme_pf(tree)
+    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
+    tree.link("/sys/bus/pci/devices/0000:01:00.2/driver", "/sys/bus/pci/drivers/vfio-pci")
+    state = _sriov.pf_state(NVME_PF, tree.root)
+    with pytest.raises(_sriov.SriovError, match=r"VFs are in use \(0000:01:00.2 is bound to vfio-pci\)"):
+        _sriov.plan(state, 3, root=tree.root)
+    assert _sriov.plan(state, 3, force=True, root=tree.root)["numvfs"] == 3
+
+
+def test_plan_refuses_open_vfio_group(tree, kernel):
+    add_nvme_pf(tree)
+    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 1, timeout=0)
+    group = os.path.basename(os.readlink(tree.p("/sys/bus/pci/devices/0000:01:00.1/iommu_group")))
+    tree.open_fd(4242, "qemu-kvm", "/dev/vfio/%s" % group)
+    with pytest.raises(_sriov.SriovError, match=r"open by PID 4242 \(qemu-kvm\)"):
+        _sriov.plan(_sriov.pf_state(NVME_PF, tree.root), 0, root=tree.root)
+
+
+def test_plan_autoprobe(tree, kernel):
+    add_nvme_pf(tree)
+    state = _sriov.pf_state(NVME_PF, tree.root)
+    assert _sriov.plan(state, 0, autoprobe=False, root=tree.root) == {"numvfs": None, "autoprobe": False}
+    assert _sriov.plan(state, 0, autoprobe=True, root=tree.root) == {"numvfs": None, "autoprobe": None}
+
+
+# --------------------------------------------------------------------------- applying
+
+
+def test_set_numvfs_goes_through_zero(tree, kernel):
+    add_nvme_pf(tree)
+    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
+    kernel.writes.clear()
+    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 4, timeout=0)
+    assert [w[1] for w in kernel.writes] == ["0", "4"]
+    assert tree.read("/sys/bus/pci/devices/%s/sriov_numvfs" % NVME_PF) == "4"
+    assert _sriov.list_vfs(tree.p("/sys/bus/pci/devices/" + NVME_PF)) == [
+        "0000:01:00.1", "0000:01:00.2", "0000:01:00.3", "0000:01:00.4"]
+
+
+def test_set_numvfs_driver_without_sriov_support(tree, kernel):
+    add_nvme_pf(tree)
+    kernel.refuse["/sriov_numvfs"] = errno.ENOENT
+    with pytest.raises(_sriov.SriovError, match="driver nvme may not support configuring SR-IOV"):
+        _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
+
+
+def test_set_numvfs_restores_old_count_on_failure(tree, kernel):
+    add_nvme_pf(tree)
+    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
+    state = _sriov.pf_state(NVME_PF, tree.root)
+
+    def refuse_three(_kernel, _path, rel, value):
+        if rel.endswith("/sriov_numvfs") and value == "3":
+            raise _oserror(errno.ENOMEM, rel)
+        return False
+
+    kernel.hooks.append(refuse_three)
+    with pytest.raises(_sriov.SriovError) as info:
+        _sriov.set_numvfs(state, 3, timeout=0)
+    assert "Cannot allocate memory" in info.value.msg
+    assert "rollback: restored sriov_numvfs to 2" in info.value.msg
+    assert tree.read("/sys/bus/pci/devices/%s/sriov_numvfs" % NVME_PF) == "2"
+
+
+def test_set_numvfs_reports_failed_rollback(tree, kernel):
+    add_nvme_pf(tree)
+    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
+    state = _sriov.pf_state(NVME_PF, tree.root)
+
+    def refuse_nonzero(_kernel, _path, rel, value):
+        if rel.endswith("/sriov_numvfs") and value != "0":
+            raise _oserror(errno.EIO, rel)
+        return False
+
+    kernel.hooks.append(refuse_nonzero)
+    with pytest.raises(_sriov.SriovError) as info:
+        _sriov.set_numvfs(state, 3, timeout=0)
+    assert "restoring sriov_numvfs to 2 also failed" in info.value.msg
+    assert "Input/output error" in info.value.msg
+
+
+def test_set_numvfs_readback_timeout(tree, kernel):
+    add_nvme_pf(tree)
+
+    def ignore(_kernel, _path, rel, _value):
+        return rel.endswith("/sriov_numvfs")
+
+    kernel.hooks.append(ignore)
+    with pytest.raises(_sriov.SriovError, match="wrote 2 to sriov_numvfs of 0000:01:00.0 but read back 0"):
+        _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
+
+
+def test_set_autoprobe_reads_back(tree, kernel):
+    add_nvme_pf(tree)
+    state = _sriov.pf_state(NVME_PF, tree.root)
+    _sriov.set_autoprobe(state, False)
+    assert tree.read("/sys/bus/pci/devices/%s/sriov_drivers_autoprobe" % NVME_PF) == "0"
+    kernel.hooks.append(lambda _k, _p, rel, _v: rel.endswith("autoprobe"))
+    with pytest.raises(_sriov.SriovError, match="read back '0'"):
+        _sriov.set_autoprobe(state, True)

@@ -1,0 +1,62 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Run a module's main() or run_module() with given arguments; exit_json/fail_json raise instead of exiting."""
+
+from __future__ import annotations
+
+import contextlib
+
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+
+class ModuleExit(Exception):
+    """exit_json was called; ``result`` holds its keyword arguments."""
+
+    def __init__(self, result):
+        super().__init__(result)
+        self.result = result
+
+
+class ModuleFail(Exception):
+    """fail_json was called; ``result`` holds its keyword arguments (``msg`` included)."""
+
+    def __init__(self, result):
+        super().__init__(result)
+        self.result = result
+
+
+def _exit_json(self, **kwargs):  # pylint: disable=unused-argument
+    kwargs.setdefault("changed", False)
+    raise ModuleExit(kwargs)
+
+
+def _fail_json(self, msg, **kwargs):  # pylint: disable=unused-argument
+    kwargs["failed"] = True
+    kwargs["msg"] = msg
+    raise ModuleFail(kwargs)
+
+
+@contextlib.contextmanager
+def patched_module(monkeypatch, args):
+    """Expose ``args`` to AnsibleModule and make exit/fail raise; restored when the context ends."""
+    with monkeypatch.context() as patch:
+        patch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
+        patch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
+        with patch_module_args(args):
+            yield
+
+
+def call(monkeypatch, func, args):
+    """Call ``func()`` with module ``args``; return ``("exit"|"fail", result)``."""
+    with patched_module(monkeypatch, args):
+        try:
+            func()
+        except ModuleExit as exc:
+            return "exit", exc.result
+        except ModuleFail as exc:
+            return "fail", exc.result
+    raise AssertionError("the module returned without calling exit_json or fail_json")

@@ -1,0 +1,196 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
+from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
+
+OPTIONS = ["addresses", "vendors", "classes", "include_all"]
+
+
+@pytest.fixture
+def host(tmp_path):
+    return st.build_gpu_host(tmp_path)
+
+
+def run(monkeypatch, root, args):
+    return call(monkeypatch, lambda: gpu_facts.run_module(gpu_facts.build_module(), root=root), args)
+
+
+def run_main(monkeypatch, root, args):
+    monkeypatch.setattr(gpu_facts, "run_module", functools.partial(gpu_facts.run_module, root=root))
+    return call(monkeypatch, gpu_facts.main, args)
+
+
+def test_defaults_select_nvidia_gpus_and_change_nothing(monkeypatch, host):
+    before = host.snapshot()
+    kind, result = run(monkeypatch, host.root, {})
+    assert host.snapshot() == before
+    assert kind == "exit"
+    assert result["changed"] is False
+    facts = result["ansible_facts"]
+    assert sorted(facts) == ["gpuops_gpus", "gpuops_iommu", "gpuops_mdev_parents", "gpuops_pci_ids"]
+    assert [gpu["address"] for gpu in facts["gpuops_gpus"]] == [
+        st.A10, st.A100, *st.A100_VFS, st.L40S, *st.L40S_VFS]
+    assert facts["gpuops_pci_ids"] == "/usr/share/misc/pci.ids"
+    assert facts["gpuops_iommu"]["enabled"] is True
+    assert [parent["name"] for parent in facts["gpuops_mdev_parents"]] == list(st.A100_VFS)
+    a10 = facts["gpuops_gpus"][0]
+    assert a10["device_name"] == "GA102GL [A10]"
+    assert a10["driver"] == "nvidia"
+    assert a10["iommu_group"] == 12
+    assert [(m["address"], m["driver"]) for m in a10["iommu_group_members"]] == [
+        (st.A10, "nvidia"), (st.A10_AUDIO, "snd_hda_intel")]
+    assert a10["viable"] is False
+    assert a10["sandbox_resource_name"] == "nvidia.com/GA102GL_A10"
+    vf = facts["gpuops_gpus"][2]
+    assert vf["physfn"] == st.A100
+    assert vf["mdev_types"][0]["name"] == "NVIDIA A100-4C"
+    assert facts["gpuops_gpus"][5]["vgpu"]["creatable_types"][0] == {"id": 1155, "name": "NVIDIA L40S-1B"}
+
+
+def test_check_mode_gives_the_same_facts(monkeypatch, host):
+    _kind, normal = run(monkeypatch, host.root, {})
+    kind, checked = run(monkeypatch, host.root, {"_ansible_check_mode": True})
+    assert kind == "exit"
+    assert checked == normal
+
+
+def test_selection_by_address(monkeypatch, host):
+    kind, result = run(monkeypatch, host.root, {"addresses": ["65:00.1"]})
+    assert kind == "exit"
+    gpus = result["ansible_facts"]["gpuops_gpus"]
+    assert [gpu["address"] for gpu in gpus] == [st.A10_AUDIO]
+    assert gpus[0]["sandbox_resource_name"] == "nvidia.com/GA102_HIGH_DEFINITION_AUDIO_CONTROLLER"
+
+
+def test_selection_by_vendor_and_class(monkeypatch, host):
+    _kind, result = run(monkeypatch, host.root, {"vendors": ["1a03"], "classes": ["0300"]})
+    gpus = result["ansible_facts"]["gpuops_gpus"]
+    assert [(gpu["address"], gpu["boot_vga"]) for gpu in gpus] == [(st.BMC_VGA, True)]
+
+
+def test_include_all(monkeypatch, host):
+    _kind, result = run(monkeypatch, host.root, {"include_all": True})
+    assert len(result["ansible_facts"]["gpuops_gpus"]) == 14
+
+
+def test_no_match_is_an_empty_list(monkeypatch, host):
+    kind, result = run(monkeypatch, host.root, {"vendors": ["ffff"]})
+    assert kind == "exit"
+    assert result["ansible_facts"]["gpuops_gpus"] == []
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"addresses": ["0000:65:00.9"]},
+     "PCI address '0000:65:00.9' is not valid; expected DDDD:BB:SS.F (hex domain, bus, slot, function 0-7), "
+     "e.g. 0000:65:00.0"),
+    ({"addresses": ["0000:99:00.0"]},
+     "PCI device 0000:99:00.0 does not exist on this host (no /sys/bus/pci/devices/0000:99:00.0)"),
+    ({"vendors": ["nvidia"]},
+     "vendor selector 'nvidia' is not valid; expected VVVV or VVVV:DDDD in hex, e.g. 10de or 10de:2236"),
+    ({"classes": ["vga"]},
+     "class selector 'vga' is not valid; expected 2, 4 or 6 hex digits (class, class+subclass or "
+     "class+subclass+prog-if), e.g. 03, 0302 or 030200"),
+])
+def test_bad_input_fails_with_message_and_changes_nothing(monkeypatch, host, args, message):
+    before = host.snapshot()
+    kind, result = run(monkeypatch, host.root, args)
+    assert (kind, result["msg"]) == ("fail", message)
+    assert host.snapshot() == before
+
+
+def test_address_outside_sys_devices(monkeypatch, host):
+    host.mkdir("/tmp/evil/0000:66:00.0")
+    host.link("/sys/bus/pci/devices/0000:66:00.0", "/tmp/evil/0000:66:00.0")
+    kind, result = run(monkeypatch, host.root, {"addresses": ["0000:66:00.0"]})
+    assert (kind, result["msg"]) == ("fail", "PCI device 0000:66:00.0 resolves outside /sys/devices; "
+                                             "refusing to use it")
+
+
+def test_unreadable_attribute_is_a_clean_failure(monkeypatch, host):
+    host.write(host.functions[st.A10] + "/numa_node", "zero\n")
+    kind, result = run(monkeypatch, host.root, {"addresses": [st.A10]})
+    assert kind == "fail"
+    assert result["msg"].endswith("/numa_node holds 'zero', not an integer")
+
+
+def test_os_error_is_a_clean_failure(monkeypatch, host):
+    def boom(*_args, **_kwargs):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(gpu_facts, "mdev_parents", boom)
+    kind, result = run(monkeypatch, host.root, {})
+    assert (kind, result["msg"]) == ("fail", "cannot gather GPU facts: [Errno 5] Input/output error")
+
+
+def test_main_runs(monkeypatch, host):
+    kind, result = run_main(monkeypatch, host.root, {"vendors": ["10de:2236"]})
+    assert kind == "exit"
+    assert [gpu["address"] for gpu in result["ansible_facts"]["gpuops_gpus"]] == [st.A10]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    ({"bogus": 1}, ["Unsupported parameters", "bogus", "addresses, classes, include_all, vendors"]),
+    ({"addresses": [st.A10], "vendors": ["10de"]}, ["parameters are mutually exclusive: addresses|vendors"]),
+    ({"include_all": True, "classes": ["03"]}, ["parameters are mutually exclusive: include_all|classes"]),
+    ({"include_all": "perhaps"}, ["include_all", "perhaps", "bool"]),
+    ({"vendors": {"a": 1}}, ["vendors", "list"]),
+])
+def test_main_argument_errors(monkeypatch, host, args, fragments):
+    kind, result = run_main(monkeypatch, host.root, args)
+    assert kind == "fail"
+    for fragment in fragments:
+        assert fragment in result["msg"]
+
+
+@pytest.fixture(scope="module")
+def fuzz_root(tmp_path_factory):
+    return st.build_gpu_host(tmp_path_factory.mktemp("fuzz")).root
+
+
+_LEAF = (hs.none() | hs.booleans() | hs.integers() | hs.floats(allow_nan=False, allow_infinity=False)
+         | hs.text(alphabet=hs.characters(blacklist_categories=("Cs",)), max_size=12)
+         | hs.sampled_from(["10de", "10de:2236", "1a03:2000", st.A10, "65:00.1", "0000:99:00.0", "030200",
+                            "0302", "03", "", "yes", "no"]))
+_VALUES = hs.recursive(_LEAF, lambda inner: hs.lists(inner, max_size=4)
+                       | hs.dictionaries(hs.text(max_size=4), inner, max_size=3), max_leaves=8)
+_RANDOM_ARGS = hs.dictionaries(hs.sampled_from(OPTIONS + ["bogus"]), _VALUES, max_size=4)
+# Well-typed arguments reach the selection and sysfs code rather than stopping at argument validation.
+_SELECTOR = hs.lists(hs.sampled_from(["10de", "10de:2236", "1a03", "8086:347a", "0x10de", "10de:", "", "03",
+                                      "0302", "030200", "060400", "zz", st.A10, "65:00.1", "0000:99:00.0",
+                                      "0000:65:00.8"]) | hs.text(max_size=9), max_size=3)
+_TYPED_ARGS = hs.fixed_dictionaries({}, optional={
+    name: (hs.booleans() if name.startswith(("include", "require")) else _SELECTOR) for name in OPTIONS})
+_ARGS = hs.one_of(_RANDOM_ARGS, _TYPED_ARGS)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=_ARGS)
+def test_fuzz_every_input_ends_in_exit_or_fail(monkeypatch, fuzz_root, args):
+    kind, result = run_main(monkeypatch, fuzz_root, args)
+    assert kind in ("exit", "fail")
+    if kind == "fail":
+        assert isinstance(result["msg"], str) and result["msg"]
+    else:
+        assert result["changed"] is False
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=_TYPED_ARGS)
+def test_fuzz_typed_arguments_never_raise_and_change_nothing(monkeypatch, fuzz_root, args):
+    kind, result = run_main(monkeypatch, fuzz_root, args)
+    assert kind in ("exit", "fail")
+    if kind == "exit":
+        assert isinstance(result["ansible_facts"]["gpuops_gpus"], list)
+    else:
+        assert isinstance(result["msg"], str) and result["msg"]

@@ -1,0 +1,712 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Unit tests for kernel_cmdline on fake trees under tmp_path.
+
+Commands are real executables: small scripts written into a fake bin directory, so the module's
+run_command path runs for real. ``AnsibleModule.get_bin_path`` is limited to that directory so the
+test host's own update-grub or grubby is never found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import sys
+import tempfile
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+from ansible_collections.gpuops.sandbox.plugins.modules import kernel_cmdline
+
+DEBIAN_GRUB = (
+    "# If you change this file, run 'update-grub' afterwards to update\n"
+    "GRUB_DEFAULT=0\n"
+    "GRUB_TIMEOUT=5\n"
+    "GRUB_DISTRIBUTOR=`( . /etc/os-release; echo ${NAME:-Debian} ) 2>/dev/null || echo Debian`\n"
+    'GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200 intel_iommu=off"\n'
+    'GRUB_CMDLINE_LINUX=""\n'
+)
+UBUNTU_GRUB = (
+    "GRUB_DEFAULT=0\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\n"
+    "GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\n"
+    'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n'
+)
+CLOUDIMG = (
+    "# Cloud Image specific Grub settings for Generic Ubuntu Cloud Images\n"
+    "# CLOUD_IMG: This file was created/modified by the Cloud Image build process\n\n"
+    "# Set the recordfail timeout\nGRUB_RECORDFAIL_TIMEOUT=0\n\n"
+    "# Do not wait on grub prompt\nGRUB_TIMEOUT=0\n\n"
+    "# Set the default commandline\n"
+    'GRUB_CMDLINE_LINUX_DEFAULT="console=tty1 console=ttyS0"\n\n'
+    "# Set the grub console type\nGRUB_TERMINAL=console\n"
+)
+RHEL_GRUB = (
+    'GRUB_TIMEOUT=5\nGRUB_DISTRIBUTOR="$(sed \'s, release .*$,,g\' /etc/system-release)"\n'
+    'GRUB_DEFAULT=saved\nGRUB_DISABLE_SUBMENU=true\nGRUB_TERMINAL_OUTPUT="console"\n'
+    'GRUB_CMDLINE_LINUX="crashkernel=1G-4G:192M,4G-64G:256M,64G-:512M resume=/dev/mapper/rhel-swap '
+    'rd.lvm.lv=rhel/root intel_iommu=off rhgb quiet"\n'
+    'GRUB_DISABLE_RECOVERY="true"\nGRUB_ENABLE_BLSCFG=true\n'
+)
+RHEL_OPTIONS = ("root=/dev/mapper/rhel-root ro crashkernel=1G-4G:192M,4G-64G:256M,64G-:512M "
+                "resume=/dev/mapper/rhel-swap rd.lvm.lv=rhel/root intel_iommu=off rhgb quiet")
+
+# Debian's grub-mkconfig sources /etc/default/grub then /etc/default/grub.d/*.cfg; so does this fake.
+GENERATE = r"""
+if [ -f "$ROOT/etc/default/grub" ]; then . "$ROOT/etc/default/grub"; fi
+for x in "$ROOT"/etc/default/grub.d/*.cfg; do if [ -e "$x" ]; then . "$x"; fi; done
+mkdir -p "$(dirname "$OUT")"
+printf 'menuentry "Debian GNU/Linux" {\n\tlinux /boot/vmlinuz-6.1.0-18-amd64 root=UUID=1234 ro %s %s\n}\n' \
+  "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT" > "$OUT.new"
+mv "$OUT.new" "$OUT"
+"""
+
+FAKE_GRUBBY = r'''#!{python}
+import glob, os, sys
+ROOT = {root!r}
+with open(os.path.join(ROOT, "calls.log"), "a") as log:
+    log.write("grubby " + " ".join(sys.argv[1:]) + "\n")
+entries = sorted(glob.glob(os.path.join(ROOT, "boot/loader/entries/*.conf")))
+
+
+def load(path):
+    with open(path) as handle:
+        return handle.read().splitlines()
+
+
+def options(lines):
+    for line in lines:
+        if line.startswith("options "):
+            return line[len("options "):].split()
+    return []
+
+
+argv = sys.argv[1:]
+if argv == ["--info=ALL"]:
+    for idx, path in enumerate(entries):
+        lines = load(path)
+        kernel = [l.split()[1] for l in lines if l.startswith("linux ")][0]
+        print("index=%d" % idx)
+        print('kernel="/boot%s"' % kernel)
+        print('args="%s"' % " ".join(t for t in options(lines) if not t.startswith("root=")))
+        print('root="/dev/mapper/rhel-root"')
+        print('title="Red Hat Enterprise Linux"')
+    sys.exit(0)
+if os.path.exists(os.path.join(ROOT, "grubby-fail")):
+    sys.stderr.write("grubby: error writing /boot/loader/entries: No space left on device\n")
+    sys.exit(1)
+add, remove = [], []
+for arg in argv:
+    if arg.startswith("--args="):
+        add = arg[len("--args="):].split()
+    elif arg.startswith("--remove-args="):
+        remove = arg[len("--remove-args="):].split()
+    elif arg != "--update-kernel=ALL":
+        sys.stderr.write("grubby: unknown option " + arg + "\n")
+        sys.exit(2)
+for path in entries:
+    lines = load(path)
+    opts = options(lines)
+    for r in remove:
+        opts = [t for t in opts if (t != r if "=" in r else t.split("=")[0] != r)]
+    for a in add:
+        same = [i for i, t in enumerate(opts) if t.split("=")[0] == a.split("=")[0]]
+        if same:
+            opts[same[0]] = a
+        else:
+            opts.append(a)
+    lines = [("options " + " ".join(opts)) if l.startswith("options ") else l for l in lines]
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+'''
+
+FAKE_GRUB2_MKCONFIG = r"""#!/bin/sh
+ROOT='{root}'
+echo "grub2-mkconfig $*" >> "$ROOT/calls.log"
+. "$ROOT/etc/default/grub"
+for f in "$ROOT"/boot/loader/entries/*.conf; do
+  sed -i "s|^options .*|options root=/dev/mapper/rhel-root ro $GRUB_CMDLINE_LINUX $GRUB_CMDLINE_LINUX_DEFAULT|" "$f"
+done
+"""
+
+
+class AnsibleExitJson(Exception):
+    pass
+
+
+class AnsibleFailJson(Exception):
+    pass
+
+
+def _exit_json(self, **kwargs):
+    kwargs.setdefault("changed", False)
+    raise AnsibleExitJson(kwargs)
+
+
+def _fail_json(self, msg, **kwargs):
+    kwargs["failed"] = True
+    kwargs["msg"] = msg
+    raise AnsibleFailJson(kwargs)
+
+
+class Host:
+    """A fake host: a root tree, a bin directory of fake commands, and a log of the commands run."""
+
+    def __init__(self, base):
+        self.root = os.path.join(str(base), "root")
+        self.bin = os.path.join(str(base), "bin")
+        os.makedirs(self.root)
+        os.makedirs(self.bin)
+        os.symlink("/usr/bin/timeout", os.path.join(self.bin, "timeout"))
+        self.log = os.path.join(self.root, "calls.log")
+
+    def path(self, path):
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def write(self, path, text, mode=0o644):
+        full = self.path(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w") as handle:
+            handle.write(text)
+        os.chmod(full, mode)
+        return full
+
+    def read(self, path):
+        with open(self.path(path)) as handle:
+            return handle.read()
+
+    def exists(self, path):
+        return os.path.exists(self.path(path))
+
+    def script(self, name, body):
+        full = os.path.join(self.bin, name)
+        with open(full, "w") as handle:
+            handle.write(body)
+        os.chmod(full, 0o755)
+        return full
+
+    def calls(self):
+        if not os.path.exists(self.log):
+            return []
+        with open(self.log) as handle:
+            return handle.read().splitlines()
+
+    def snapshot(self):
+        """Every file under the root (but the call log) with its bytes."""
+        result = {}
+        for top, _dirs, files in os.walk(self.root):
+            for name in files:
+                full = os.path.join(top, name)
+                if full != self.log:
+                    with open(full, "rb") as handle:
+                        result[os.path.relpath(full, self.root)] = handle.read()
+        return result
+
+    # --- fake commands ---------------------------------------------------------------------------
+    def update_grub(self, fail=False):
+        body = "#!/bin/sh\nROOT='%s'\nOUT=\"$ROOT/boot/grub/grub.cfg\"\necho \"update-grub $*\" >> \"$ROOT/calls.log\"\n" % self.root
+        if fail:
+            body += ("echo 'Generating grub configuration file ...'\n"
+                     "echo '/usr/sbin/grub-probe: error: failed to get canonical path of /dev/root.' >&2\nexit 1\n")
+        else:
+            body += GENERATE
+        return self.script("update-grub", body)
+
+    def grub_mkconfig(self, debian=True):
+        body = "#!/bin/sh\nROOT='%s'\necho \"grub-mkconfig $*\" >> \"$ROOT/calls.log\"\n" % self.root
+        body += 'OUT="$2"\n' + (GENERATE if debian else "echo upstream > \"$OUT\"\n")
+        if not debian:
+            body = body.replace("grub.d", "grub-d")
+        return self.script("grub-mkconfig", body)
+
+    def grubby(self):
+        return self.script("grubby", FAKE_GRUBBY.format(python=sys.executable, root=self.root))
+
+    def grub2_mkconfig(self):
+        return self.script("grub2-mkconfig", FAKE_GRUB2_MKCONFIG.format(root=self.root))
+
+    def grub_cfg(self):
+        return self.read("/boot/grub/grub.cfg")
+
+
+def debian_host(base, proc="BOOT_IMAGE=/boot/vmlinuz-6.1.0-18-amd64 root=UUID=1234 ro console=ttyS0,115200 "
+                           "intel_iommu=off"):
+    host = Host(base)
+    host.write("/etc/default/grub", DEBIAN_GRUB)
+    host.write("/proc/cmdline", proc + "\n")
+    host.update_grub()
+    host.grub_mkconfig()
+    return host
+
+
+def rhel_host(base, with_grubby=True):
+    host = Host(base)
+    host.write("/etc/default/grub", RHEL_GRUB)
+    host.write("/proc/cmdline", "BOOT_IMAGE=(hd0,gpt2)/vmlinuz-5.14.0-427.el9.x86_64 " + RHEL_OPTIONS + "\n")
+    for version in ("5.14.0-427.el9.x86_64", "5.14.0-362.el9.x86_64"):
+        host.write("/boot/loader/entries/abc-%s.conf" % version,
+                   "title Red Hat Enterprise Linux (%s)\nversion %s\nlinux /vmlinuz-%s\n"
+                   "initrd /initramfs-%s.img\noptions %s\ngrub_users $grub_users\n"
+                   % (version, version, version, version, RHEL_OPTIONS))
+    host.write("/boot/grub2/grubenv", "# GRUB Environment Block\nsaved_entry=abc\n" + "#" * 900)
+    if with_grubby:
+        host.grubby()
+    else:
+        host.grub2_mkconfig()
+    return host
+
+
+@contextlib.contextmanager
+def patched(host):
+    def get_bin_path(self, arg, required=False, opt_dirs=None):
+        candidate = os.path.join(host.bin, arg)
+        if os.path.exists(candidate):
+            return candidate
+        if required:
+            self.fail_json(msg="Failed to find required executable %r" % arg)
+        return None
+
+    with mock.patch.multiple(basic.AnsibleModule, exit_json=_exit_json, fail_json=_fail_json,
+                             get_bin_path=get_bin_path), \
+            mock.patch.object(kernel_cmdline, "HOST_ROOT", host.root):
+        yield
+
+
+def run(host, check=False, diff=False, **params):
+    params["_ansible_check_mode"] = check
+    params["_ansible_diff"] = diff
+    warnings = []
+    with patched(host), patch_module_args(params), \
+            mock.patch.object(basic.AnsibleModule, "warn", lambda self, text: warnings.append(text)):
+        try:
+            kernel_cmdline.main()
+        except (AnsibleExitJson, AnsibleFailJson) as exc:
+            result = exc.args[0]
+            result["warnings"] = warnings
+            return result
+    raise AssertionError("module returned without exit_json or fail_json")
+
+
+DROPIN = "/etc/default/grub.d/99-gpuops-sandbox.cfg"
+IOMMU = ["intel_iommu=on", "iommu=pt"]
+
+
+# --- grub (Debian / Ubuntu) ---------------------------------------------------------------------
+
+def test_debian_conflict_replaced_and_grub_cfg_regenerated(tmp_path):
+    host = debian_host(tmp_path)
+    before = host.read("/etc/default/grub")
+    result = run(host, arguments=IOMMU)
+    assert not result.get("failed"), result
+    assert result["changed"] is True
+    assert result["backend"] == "grub"
+    assert result["reboot_required"] is True
+    assert result["cmdline_args"] == ["iommu=pt", "console=ttyS0,115200", "intel_iommu=on"]
+    dropin = host.read(DROPIN)
+    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in dropin
+    assert 'GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200 intel_iommu=on"' in dropin
+    assert stat.S_IMODE(os.stat(host.path(DROPIN)).st_mode) == 0o644
+    assert host.read("/etc/default/grub") == before
+    cfg = host.grub_cfg()
+    assert "intel_iommu=on" in cfg and "iommu=pt" in cfg
+    assert "intel_iommu=off" not in cfg
+    assert "console=ttyS0,115200" in cfg
+    assert host.calls() == ["update-grub "]
+    assert "backup_file" not in result  # the drop-in is new: nothing to back up
+
+    again = run(host, arguments=IOMMU)
+    assert again["changed"] is False
+    assert again["reboot_required"] is True  # the running kernel still has intel_iommu=off
+    assert host.calls() == ["update-grub "]
+
+
+def test_debian_check_mode_then_real_then_idempotent(tmp_path):
+    host = debian_host(tmp_path)
+    snap = host.snapshot()
+    check = run(host, check=True, diff=True, arguments=IOMMU)
+    assert check["changed"] is True
+    assert host.snapshot() == snap
+    assert host.calls() == []
+    assert "would change" in check["msg"]
+    file_diff = check["diff"][0]
+    assert file_diff["before_header"] == DROPIN
+    assert file_diff["before"] == ""
+    assert "intel_iommu=on" in file_diff["after"]
+    effective = check["diff"][1]
+    assert "intel_iommu=off" in effective["before"] and "intel_iommu=on" in effective["after"]
+
+    assert run(host, arguments=IOMMU)["changed"] is True
+    after = host.snapshot()
+    check2 = run(host, check=True, arguments=IOMMU)
+    assert check2["changed"] is False
+    assert run(host, arguments=IOMMU)["changed"] is False
+    assert host.snapshot() == after
+
+
+def test_reboot_not_required_when_running_kernel_has_args(tmp_path):
+    host = debian_host(tmp_path, proc="BOOT_IMAGE=/vmlinuz root=UUID=1 ro iommu=pt intel_iommu=on")
+    result = run(host, arguments=IOMMU)
+    assert result["changed"] is True
+    assert result["reboot_required"] is False
+    assert "reboot required" not in result["msg"]
+
+
+def test_missing_proc_cmdline_warns(tmp_path):
+    host = debian_host(tmp_path)
+    os.unlink(host.path("/proc/cmdline"))
+    result = run(host, arguments=IOMMU)
+    assert result["reboot_required"] is True
+    assert any("/proc/cmdline" in w for w in result.get("warnings", []))
+
+
+def test_ubuntu_cloudimg_dropin_is_accounted_for(tmp_path):
+    host = Host(tmp_path)
+    host.write("/etc/default/grub", UBUNTU_GRUB)
+    host.write("/etc/default/grub.d/50-cloudimg-settings.cfg", CLOUDIMG)
+    host.write("/etc/default/grub.d/40-force-partuuid.cfg", "GRUB_FORCE_PARTUUID=1234-abcd\n")
+    host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=PARTUUID=1234 ro console=tty1 console=ttyS0\n")
+    host.update_grub()
+    result = run(host, arguments=["iommu=pt"])
+    assert result["changed"] is True
+    dropin = host.read(DROPIN)
+    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in dropin
+    assert "GRUB_CMDLINE_LINUX_DEFAULT" not in dropin  # not changed, so not pinned
+    assert "console=tty1 console=ttyS0" in host.grub_cfg()
+    assert "quiet splash" not in host.grub_cfg()  # the cloudimg drop-in wins, as on a real host
+
+    # A second console, without replacing the first
+    result = run(host, arguments=["console=ttyS1,115200"], replace_values=False)
+    assert result["changed"] is True
+    assert "console=tty1 console=ttyS0 console=ttyS1,115200" in host.grub_cfg()
+    # Only one value removed
+    result = run(host, arguments=["console=tty1"], state="absent")
+    assert result["changed"] is True
+    assert result["backup_file"].startswith(host.path(DROPIN) + ".")
+    with open(result["backup_file"]) as handle:
+        assert "ttyS1" in handle.read()
+    cfg = host.grub_cfg()
+    assert "console=tty1 " not in cfg and "console=ttyS0 console=ttyS1,115200" in cfg
+    assert result["reboot_required"] is True
+
+
+def test_absent_by_key_removes_every_value_and_dropin_goes_when_back_to_base(tmp_path):
+    host = debian_host(tmp_path)
+    assert run(host, arguments=["iommu=pt"])["changed"] is True
+    assert host.exists(DROPIN)
+    result = run(host, arguments=["iommu"], state="absent")
+    assert result["changed"] is True
+    assert not host.exists(DROPIN)  # back to what /etc/default/grub says: nothing to pin
+    assert result["backup_file"].startswith(host.path(DROPIN))
+    assert "iommu=pt" not in host.grub_cfg()
+
+    result = run(host, arguments=["intel_iommu"], state="absent")
+    assert result["changed"] is True
+    assert result["reboot_required"] is True
+    assert "intel_iommu" not in host.grub_cfg()
+    assert "console=ttyS0,115200" in host.grub_cfg()
+    # absent KEY=VALUE with another value present changes nothing
+    host.write("/etc/default/grub", DEBIAN_GRUB)
+    os.unlink(host.path(DROPIN))
+    assert run(host, arguments=["intel_iommu=on"], state="absent")["changed"] is False
+
+
+def test_unrelated_args_keep_order(tmp_path):
+    host = debian_host(tmp_path)
+    host.write("/etc/default/grub", DEBIAN_GRUB.replace(
+        'GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="b=1 a intel_iommu=off z=9 intel_iommu=off"'))
+    result = run(host, arguments=["intel_iommu=on", "new=1"])
+    assert result["cmdline_args"] == ["b=1", "a", "intel_iommu=on", "z=9", "new=1", "console=ttyS0,115200"]
+
+
+@pytest.mark.parametrize("bad", ["foo=$(id)", "a b", 'x="y"', "x='y'", "a=1;reboot", "a=`id`", "a=b\\c",
+                                 "a=b\nc", "", True, None, 3, "iommu="])
+def test_unsafe_args_rejected_nothing_changed(tmp_path, bad):
+    host = debian_host(tmp_path)
+    snap = host.snapshot()
+    result = run(host, arguments=["iommu=pt", bad])
+    assert result["failed"] is True
+    assert repr(bad) in result["msg"]
+    assert host.snapshot() == snap
+    assert host.calls() == []
+    assert "Traceback" not in result["msg"]
+
+
+def test_contradicting_request_rejected(tmp_path):
+    host = debian_host(tmp_path)
+    snap = host.snapshot()
+    result = run(host, arguments=["intel_iommu=on", "intel_iommu=off"])
+    assert result["failed"] is True
+    assert "'intel_iommu=on'" in result["msg"] and "'intel_iommu=off'" in result["msg"]
+    assert host.snapshot() == snap
+
+
+def test_empty_list_rejected(tmp_path):
+    host = debian_host(tmp_path)
+    result = run(host, arguments=[])
+    assert result["failed"] is True and "non-empty" in result["msg"]
+
+
+def test_update_grub_failure_rolls_back_existing_dropin(tmp_path):
+    host = debian_host(tmp_path)
+    assert run(host, arguments=["iommu=pt"])["changed"] is True
+    good_dropin = host.read(DROPIN)
+    good_cfg = host.grub_cfg()
+    host.update_grub(fail=True)
+    result = run(host, arguments=["intel_iommu=on"])
+    assert result["failed"] is True
+    assert result["changed"] is False
+    assert "rc=1" in result["msg"]
+    assert "failed to get canonical path" in result["msg"]
+    assert "Generating grub configuration file" in result["msg"]
+    assert "Rolled back" in result["msg"] and "restored %s" % host.path(DROPIN) in result["msg"]
+    assert result["rolled_back"] is True
+    assert result["rc"] == 1
+    assert host.read(DROPIN) == good_dropin
+    assert host.grub_cfg() == good_cfg
+    assert len(result["backup_files"]) == 1 and os.path.exists(result["backup_files"][0])
+
+
+def test_update_grub_failure_removes_new_dropin(tmp_path):
+    host = debian_host(tmp_path)
+    host.update_grub(fail=True)
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True
+    assert "removed %s (it did not exist before)" % host.path(DROPIN) in result["msg"]
+    assert host.snapshot() == snap
+    assert not os.path.isdir(host.path("/etc/default/grub.d"))
+
+
+def test_grub_mkconfig_used_when_update_grub_missing(tmp_path):
+    host = debian_host(tmp_path)
+    os.unlink(os.path.join(host.bin, "update-grub"))
+    result = run(host, arguments=IOMMU)
+    assert result["changed"] is True
+    assert host.calls() == ["grub-mkconfig -o %s" % host.path("/boot/grub/grub.cfg")]
+    assert "intel_iommu=on" in host.grub_cfg()
+
+
+def test_grub_mkconfig_without_dropin_support_refused(tmp_path):
+    host = debian_host(tmp_path)
+    host.grub_mkconfig(debian=False)
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU, backend="grub")
+    assert result["failed"] is True
+    assert "does not read /etc/default/grub.d" in result["msg"]
+    assert host.snapshot() == snap
+
+
+def test_later_dropin_overriding_is_refused(tmp_path):
+    host = debian_host(tmp_path)
+    host.write("/etc/default/grub.d/99-zz-local.cfg", 'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=off"\n')
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True
+    assert "99-zz-local.cfg" in result["msg"] and "nothing changed" in result["msg"]
+    assert host.snapshot() == snap
+
+
+def test_unevaluable_grub_defaults_refused(tmp_path):
+    host = debian_host(tmp_path)
+    host.write("/etc/default/grub.d/10-dyn.cfg", 'GRUB_CMDLINE_LINUX="$(cat /etc/extra-args)"\n')
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True
+    assert "10-dyn.cfg" in result["msg"] and "command substitution" in result["msg"]
+    assert host.snapshot() == snap
+
+
+def test_timeout_stops_a_hanging_command(tmp_path):
+    host = debian_host(tmp_path)
+    host.script("update-grub", "#!/bin/sh\nsleep 30\n")
+    result = run(host, arguments=IOMMU, command_timeout=1)
+    assert result["failed"] is True
+    assert "within 1 seconds" in result["msg"] and "Rolled back" in result["msg"]
+    assert not host.exists(DROPIN)
+
+
+def test_negative_timeout_rejected(tmp_path):
+    host = debian_host(tmp_path)
+    result = run(host, arguments=IOMMU, command_timeout=-1)
+    assert result["failed"] is True and "command_timeout" in result["msg"]
+
+
+def test_bad_option_values_rejected_by_spec(tmp_path):
+    host = debian_host(tmp_path)
+    assert run(host, arguments=IOMMU, state="enabled")["failed"] is True
+    assert run(host, arguments=IOMMU, backend="lilo")["failed"] is True
+    assert run(host)["failed"] is True
+
+
+# --- grubby / grub2-mkconfig (RHEL) -------------------------------------------------------------
+
+def entries_options(host):
+    result = []
+    for name in sorted(os.listdir(host.path("/boot/loader/entries"))):
+        if name.endswith(".conf"):
+            for line in host.read("/boot/loader/entries/" + name).splitlines():
+                if line.startswith("options "):
+                    result.append(line[len("options "):])
+    return result
+
+
+def test_grubby_replaces_conflict_and_syncs_default_grub(tmp_path):
+    host = rhel_host(tmp_path)
+    result = run(host, diff=True, arguments=IOMMU)
+    assert not result.get("failed"), result
+    assert result["backend"] == "grubby"
+    assert result["changed"] is True
+    assert result["reboot_required"] is True
+    for options in entries_options(host):
+        assert "intel_iommu=on" in options.split() and "iommu=pt" in options.split()
+        assert "intel_iommu=off" not in options
+    assert host.calls() == ["grubby --info=ALL", "grubby --update-kernel=ALL --remove-args=intel_iommu=off",
+                            "grubby --update-kernel=ALL --args=intel_iommu=on iommu=pt", "grubby --info=ALL"]
+    grub = host.read("/etc/default/grub")
+    assert ('GRUB_CMDLINE_LINUX="crashkernel=1G-4G:192M,4G-64G:256M,64G-:512M resume=/dev/mapper/rhel-swap '
+            'rd.lvm.lv=rhel/root intel_iommu=on rhgb quiet iommu=pt"') in grub
+    assert grub.replace(grub.splitlines()[5], "") == RHEL_GRUB.replace(RHEL_GRUB.splitlines()[5], "")
+    assert result["backup_file"].startswith(host.path("/etc/default/grub") + ".")
+    with open(result["backup_file"]) as handle:
+        assert handle.read() == RHEL_GRUB
+    assert len(result["backup_files"]) == 4  # /etc/default/grub, 2 entries, grubenv
+    assert len(result["entries"]) == 2
+    assert any(d["before_header"] == "grubby --info=ALL" for d in result["diff"])
+
+    calls = len(host.calls())
+    again = run(host, arguments=IOMMU)
+    assert again["changed"] is False
+    assert host.calls()[calls:] == ["grubby --info=ALL"]
+
+
+def test_grubby_check_mode_changes_nothing(tmp_path):
+    host = rhel_host(tmp_path)
+    snap = host.snapshot()
+    result = run(host, check=True, arguments=IOMMU)
+    assert result["changed"] is True
+    assert host.snapshot() == snap
+    assert host.calls() == ["grubby --info=ALL"]
+    assert "intel_iommu=on" in result["cmdline"]
+
+
+def test_grubby_failure_restores_default_grub(tmp_path):
+    host = rhel_host(tmp_path)
+    host.write("/grubby-fail", "")
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True
+    assert "No space left on device" in result["msg"] and "rc=1" in result["msg"]
+    assert "Rolled back" in result["msg"]
+    now = host.snapshot()
+    backups = [k for k in now if k not in snap]
+    assert backups and all(k.endswith("~") for k in backups)
+    assert {k: v for k, v in now.items() if k in snap} == snap
+
+
+def test_grubby_absent(tmp_path):
+    host = rhel_host(tmp_path)
+    result = run(host, arguments=["rhgb", "quiet", "intel_iommu"], state="absent")
+    assert result["changed"] is True
+    for options in entries_options(host):
+        assert options == ("root=/dev/mapper/rhel-root ro crashkernel=1G-4G:192M,4G-64G:256M,64G-:512M "
+                           "resume=/dev/mapper/rhel-swap rd.lvm.lv=rhel/root")
+    assert 'rd.lvm.lv=rhel/root"' in host.read("/etc/default/grub")
+
+
+def test_grub2_mkconfig_backend(tmp_path):
+    host = rhel_host(tmp_path, with_grubby=False)
+    result = run(host, arguments=IOMMU)
+    assert not result.get("failed"), result
+    assert result["backend"] == "grub2_mkconfig"
+    assert result["changed"] is True
+    assert host.calls() == ["grub2-mkconfig -o %s --update-bls-cmdline" % host.path("/boot/grub2/grub.cfg")]
+    for options in entries_options(host):
+        assert "intel_iommu=on" in options and "iommu=pt" in options and "intel_iommu=off" not in options
+    assert run(host, arguments=IOMMU)["changed"] is False
+
+
+# --- /etc/kernel/cmdline (systemd-boot) ---------------------------------------------------------
+
+def test_kernel_cmdline_file(tmp_path):
+    host = Host(tmp_path)
+    host.write("/etc/kernel/cmdline", "root=UUID=1 rw quiet intel_iommu=off\n")
+    host.write("/proc/cmdline", "initrd=\\initrd root=UUID=1 rw quiet intel_iommu=off\n")
+    result = run(host, diff=True, arguments=IOMMU)
+    assert result["backend"] == "kernel_cmdline_file"
+    assert result["changed"] is True
+    assert host.read("/etc/kernel/cmdline") == "root=UUID=1 rw quiet intel_iommu=on iommu=pt\n"
+    assert result["reboot_required"] is True
+    assert "kernel-install" in result["msg"]
+    with open(result["backup_file"]) as handle:
+        assert handle.read() == "root=UUID=1 rw quiet intel_iommu=off\n"
+    assert result["diff"][0]["after"] == "root=UUID=1 rw quiet intel_iommu=on iommu=pt\n"
+    assert run(host, arguments=IOMMU)["changed"] is False
+
+
+def test_kernel_cmdline_file_created_from_proc(tmp_path):
+    host = Host(tmp_path)
+    host.write("/proc/cmdline", "initrd=\\initrd BOOT_IMAGE=x root=UUID=1 rw\n")
+    host.script("kernel-install", "#!/bin/sh\nexit 0\n")
+    check = run(host, check=True, arguments=["iommu=pt"])
+    assert check["changed"] is True and not host.exists("/etc/kernel/cmdline")
+    result = run(host, arguments=["iommu=pt"])
+    assert result["changed"] is True
+    assert host.read("/etc/kernel/cmdline") == "root=UUID=1 rw iommu=pt\n"
+    assert "backup_file" not in result
+
+
+def test_no_backend_detected(tmp_path):
+    host = Host(tmp_path)
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True and "set backend explicitly" in result["msg"]
+
+
+# --- fuzz ---------------------------------------------------------------------------------------
+
+ITEM = st.one_of(
+    st.text(max_size=30),
+    st.from_regex(r"\A[a-z_][a-z0-9_.-]{0,8}(=[a-z0-9,:=/.-]{1,8})?\Z"),
+    st.booleans(), st.none(), st.integers(), st.floats(allow_nan=True),
+    st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+    st.lists(st.text(max_size=3), max_size=2),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.one_of(st.lists(ITEM, max_size=5), ITEM), state=st.sampled_from(["present", "absent", "x"]),
+       replace=st.booleans(), check=st.booleans(), backend=st.sampled_from(["auto", "grub", "kernel_cmdline_file"]))
+def test_fuzz_ends_in_exit_or_fail(items, state, replace, check, backend):
+    with tempfile.TemporaryDirectory() as base:
+        host = debian_host(base)
+        host.write("/etc/kernel/cmdline", "root=UUID=1 ro\n")
+        snap = host.snapshot()
+        result = run(host, check=check, arguments=items, state=state, replace_values=replace, backend=backend)
+        assert isinstance(result.get("msg", ""), str)
+        assert "unexpectedly" not in result.get("msg", "")
+        if result.get("failed") or check:
+            assert host.snapshot() == snap
+        else:
+            second = run(host, arguments=items, state=state, replace_values=replace, backend=backend)
+            assert second["changed"] is False, (items, second)
+
+
+def test_write_failure_rolls_back_earlier_files(tmp_path):
+    host = rhel_host(tmp_path, with_grubby=False)
+    snap = host.snapshot()
+
+    def refuse(self, fn):
+        raise Exception("disk full")  # what backup_local raises  # pylint: disable=broad-exception-raised
+
+    with mock.patch.object(basic.AnsibleModule, "backup_local", refuse):
+        result = run(host, arguments=IOMMU)
+    assert result["failed"] is True
+    assert "could not back up" in result["msg"] and "disk full" in result["msg"]
+    assert host.snapshot() == snap
+    assert host.calls() == []

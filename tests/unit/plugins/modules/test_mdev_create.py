@@ -1,0 +1,344 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Module tests for mdev_create on fake hosts with a simulated kernel (see test_mdev)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev
+from ansible_collections.gpuops.sandbox.plugins.modules import mdev_create
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_mdev import (
+    A100_PF,
+    A100_VFS,
+    L40S_PF,
+    L40S_VFS,
+    MdevKernel,
+    avail,
+    build_a100,
+    build_l40s,
+    build_mtty,
+    install,
+)
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import FakeTree, _oserror
+
+UUID1 = "4b20d080-1b54-4048-85b3-a6a62d165c01"
+
+
+class ExitJson(Exception):
+    pass
+
+
+class FailJson(Exception):
+    pass
+
+
+def _exit(self, **kwargs):
+    kwargs.setdefault("changed", False)
+    raise ExitJson(kwargs)
+
+
+def _fail(self, msg, **kwargs):
+    kwargs["msg"] = msg
+    kwargs["failed"] = True
+    raise FailJson(kwargs)
+
+
+@pytest.fixture(autouse=True)
+def patched(monkeypatch):
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail)
+
+
+def run(tree, args, check=False, diff=False):
+    """Run the module on the fake tree; return (result, failed)."""
+    full = dict(args)
+    full["_ansible_check_mode"] = check
+    full["_ansible_diff"] = diff
+    full.setdefault("timeout", 0)
+    mdev_create.ROOT = tree.root
+    try:
+        with patch_module_args(full):
+            mdev_create.main()
+    except ExitJson as done:
+        return done.args[0], False
+    except FailJson as failed:
+        return failed.args[0], True
+    finally:
+        mdev_create.ROOT = "/"
+    raise AssertionError("module returned without exit_json or fail_json")
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    tree = FakeTree(tmp_path)
+    kernel = MdevKernel(tree)
+    install(monkeypatch, kernel)
+    build_a100(tree, kernel)
+    build_mtty(tree, kernel)
+    kernel.writes.clear()
+    return tree, kernel
+
+
+@pytest.fixture
+def vgpu_host(tmp_path, monkeypatch):
+    tree = FakeTree(tmp_path)
+    kernel = MdevKernel(tree)
+    install(monkeypatch, kernel)
+    build_l40s(tree, kernel)
+    kernel.writes.clear()
+    return tree, kernel
+
+
+def live(tree):
+    return sorted(os.listdir(tree.p("/sys/bus/mdev/devices")))
+
+
+# --------------------------------------------------------------------------- the four-step sequence
+
+
+def test_mtty_check_run_check_run(host):
+    tree, kernel = host
+    args = {"type": "mtty-1", "parents": ["mtty"], "count": 2}
+    before = tree.snapshot()
+    result, failed = run(tree, args, check=True)
+    assert not failed and result["changed"]
+    assert [d["uuid"] for d in result["created"]] == [_mdev.derive_uuid("mtty", "mtty-1", i) for i in (0, 1)]
+    assert tree.snapshot() == before and kernel.writes == []
+
+    result, failed = run(tree, args)
+    assert not failed and result["changed"] and result["definitions_changed"]
+    assert live(tree) == sorted(d["uuid"] for d in result["created"])
+    assert avail(tree, "mtty", "mtty-1") == 22
+
+    result, failed = run(tree, args, check=True)
+    assert not failed and not result["changed"] and result["created"] == []
+    result, failed = run(tree, args)
+    assert not failed and not result["changed"] and len(result["devices"]) == 2
+
+
+def test_persistence_files(host):
+    tree, _kernel = host
+    result, failed = run(tree, {"type": "Single port serial", "parent": "mtty", "uuids": [UUID1.upper()]})
+    assert not failed and result["changed"]
+    conf = tree.p(_mdev.DEFINITIONS_FILE)
+    assert _mdev.parse_definitions(open(conf).read()) == [("mdev", "mtty", "mtty-1", UUID1)]
+    for path in (_mdev.DEFINITIONS_FILE, _mdev.UNIT_FILE, _mdev.RESTORE_SCRIPT):
+        mode = os.stat(tree.p(path))
+        assert stat.S_IMODE(mode.st_mode) == 0o644
+        if os.geteuid() == 0:
+            assert (mode.st_uid, mode.st_gid) == (0, 0)
+    assert os.readlink(tree.p(_mdev.WANTS_LINK)) == _mdev.UNIT_FILE
+    assert "ExecStart=/bin/sh %s %s" % (_mdev.RESTORE_SCRIPT, _mdev.DEFINITIONS_FILE) in open(
+        tree.p(_mdev.UNIT_FILE)).read()
+    assert [f for f in os.listdir(os.path.dirname(conf)) if f.startswith(".gpuops-")] == []
+
+
+def test_not_persistent_writes_no_files(host):
+    tree, _kernel = host
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "persistent": False})
+    assert not failed and result["changed"] and not result["definitions_changed"]
+    assert not os.path.exists(tree.p("/etc"))
+
+
+def test_absent_removes_devices_and_definitions(host):
+    tree, _kernel = host
+    run(tree, {"type": "mtty-1", "parents": ["mtty"], "count": 3})
+    run(tree, {"type": "mtty-2", "parents": ["mtty"], "count": 1})
+    args = {"type": "mtty-1", "parents": ["mtty"], "state": "absent"}
+    result, failed = run(tree, args, check=True, diff=True)
+    assert not failed and result["changed"] and len(result["removed"]) == 3 and len(live(tree)) == 4
+    assert result["diff"][0]["after"] == ""
+    result, failed = run(tree, args)
+    assert not failed and result["changed"] and len(live(tree)) == 1
+    defs = _mdev.read_definitions(tree.root)
+    assert [d[2] for d in defs] == ["mtty-2"]
+    result, failed = run(tree, args)
+    assert not failed and not result["changed"]
+
+
+def test_absent_explicit_uuid(host):
+    tree, _kernel = host
+    run(tree, {"type": "mtty-1", "parents": ["mtty"], "uuids": [UUID1]})
+    run(tree, {"type": "mtty-1", "parents": ["mtty"], "count": 2})
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "uuids": [UUID1], "state": "absent"})
+    assert not failed and [d["uuid"] for d in result["removed"]] == [UUID1]
+    assert UUID1 not in live(tree) and len(live(tree)) == 1
+    assert UUID1 not in [d[3] for d in _mdev.read_definitions(tree.root)]
+
+
+def test_diff_shows_devices_and_definitions(host):
+    tree, _kernel = host
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"]}, check=True, diff=True)
+    assert not failed
+    dev = _mdev.derive_uuid("mtty", "mtty-1", 0)
+    assert result["diff"][0]["before"] == "" and dev in result["diff"][0]["after"]
+    assert "mdev mtty mtty-1 %s" % dev in result["diff"][1]["after"]
+
+
+def test_a100_pf_count(host):
+    tree, _kernel = host
+    args = {"type": "NVIDIA A100-4C", "pf": A100_PF, "count": 3}
+    result, failed = run(tree, args)
+    assert not failed and result["backend"] == "mdev"
+    assert [d["parent"] for d in result["created"]] == A100_VFS[:3]
+    result, failed = run(tree, args)
+    assert not failed and not result["changed"]
+
+
+def test_vendor_specific_sequence(vgpu_host):
+    tree, kernel = vgpu_host
+    args = {"type": "NVIDIA L40S-8Q", "pf": L40S_PF, "count": 2}
+    before = tree.snapshot()
+    result, failed = run(tree, args, check=True)
+    assert not failed and result["changed"] and result["backend"] == "nvidia"
+    assert tree.snapshot() == before
+    result, failed = run(tree, args)
+    assert not failed and result["changed"]
+    assert [tree.read("/sys/bus/pci/devices/%s/nvidia/current_vgpu_type" % vf) for vf in L40S_VFS] == [
+        "1155", "1155", "0", "0"]
+    assert _mdev.read_definitions(tree.root) == [("vgpu", L40S_VFS[0], "1155", ""), ("vgpu", L40S_VFS[1], "1155", "")]
+    result, failed = run(tree, args, check=True)
+    assert not failed and not result["changed"]
+    result, failed = run(tree, args)
+    assert not failed and not result["changed"]
+    assert not any(rel.endswith("/bind") or "driver_override" in rel for rel, _v in kernel.writes)
+    result, failed = run(tree, {"type": "1155", "pf": L40S_PF, "state": "absent"})
+    assert not failed and result["changed"] and _mdev.read_definitions(tree.root) == []
+    assert [tree.read("/sys/bus/pci/devices/%s/nvidia/current_vgpu_type" % vf) for vf in L40S_VFS] == ["0"] * 4
+
+
+# --------------------------------------------------------------------------- failures: message and nothing changed
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"type": "mtty-9", "parents": ["mtty"]},
+     "mdev type 'mtty-9' does not exist on parent mtty; types there: mtty-1 (Single port serial), "
+     "mtty-2 (Dual port serial)"),
+    ({"type": "mtty-1", "parents": ["MTTY"]},
+     "mdev parent 'MTTY' does not exist (parent names are case-sensitive); existing parents: "
+     "0000:3b:00.4, 0000:3b:00.5, 0000:3b:00.6, 0000:3b:00.7, mtty"),
+    ({"type": "mtty-2", "parents": ["mtty"], "count": 13},
+     "not enough instances of type mtty-2 (Dual port serial) on parent mtty: 12 available, 13 needed "
+     "(0 already exist, count 13)"),
+    ({"type": "mtty-1", "parents": ["mtty"], "count": 0}, "count must be a positive integer, got 0"),
+    ({"type": "mtty-1", "parents": ["mtty"], "count": -2}, "count must be a positive integer, got -2"),
+    ({"type": "mtty-1", "parents": ["mtty"], "uuids": ["4b20d080-1b54-4048-85b3-a6a62d165c0"]},
+     "UUID '4b20d080-1b54-4048-85b3-a6a62d165c0' is not valid: the kernel wants exactly 36 characters, "
+     "8-4-4-4-12 hex digits (e.g. 4b20d080-1b54-4048-85b3-a6a62d165c01)"),
+    ({"type": "mtty-1", "parents": ["mtty", A100_VFS[0]], "uuids": [UUID1]}, "uuids needs exactly one parent"),
+    ({"type": "mtty-1", "parents": ["../../etc"]}, "parent '../../etc' is not valid"),
+    ({"type": "mtty-1", "pf": "0000:3b:00.8"}, "PCI address '0000:3b:00.8' is not valid"),
+    ({"type": "mtty-1", "parents": ["mtty"], "timeout": -1}, "timeout must be 0 or a positive"),
+    ({"type": "mtty-1"}, "one of the following is required: parents, pf"),
+    ({"type": "mtty-1", "parents": ["mtty"], "pf": A100_PF}, "parameters are mutually exclusive: parents|pf"),
+])
+def test_errors_change_nothing(host, args, message):
+    tree, kernel = host
+    before = tree.snapshot()
+    result, failed = run(tree, args)
+    assert failed
+    assert result["msg"].startswith(message)
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+def test_exhausted_after_creating_some(host):
+    tree, _kernel = host
+    run(tree, {"type": "mtty-2", "parents": ["mtty"], "count": 4})
+    before = tree.snapshot()
+    result, failed = run(tree, {"type": "mtty-2", "parents": ["mtty"], "count": 13})
+    assert failed and result["kind"] == "capacity"
+    assert "8 available, 9 needed (4 already exist, count 13)" in result["msg"]
+    assert tree.snapshot() == before
+
+
+def test_uuid_active_with_another_type(host):
+    tree, _kernel = host
+    run(tree, {"type": "mtty-2", "parents": ["mtty"], "uuids": [UUID1]})
+    before = tree.snapshot()
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "uuids": [UUID1]})
+    assert failed and result["kind"] == "conflict"
+    assert result["msg"] == ("UUID %s is already active with another type: type mtty-2 on parent mtty "
+                             "(wanted mtty-1 on mtty)" % UUID1)
+    assert tree.snapshot() == before
+
+
+def test_kernel_refusal_rolls_back_and_persists_nothing(host):
+    tree, kernel = host
+    before = tree.snapshot()
+    third = _mdev.derive_uuid("mtty", "mtty-1", 2)
+    original = kernel.mdev_create
+
+    def create(path, rel, value):
+        if value == third:
+            raise _oserror(errno.EIO, rel)
+        return original(path, rel, value)
+
+    kernel.mdev_create = create
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "count": 3})
+    assert failed and result["kind"] == "apply"
+    assert "Input/output error" in result["msg"] and "rolled back 2 change(s) of this run" in result["msg"]
+    assert len(result["rollback"]["rolled_back"]) == 2 and result["rollback"]["rollback_errors"] == []
+    assert tree.snapshot() == before
+
+
+def test_late_parent_times_out_with_clear_error(tmp_path, monkeypatch):
+    tree = FakeTree(tmp_path)
+    clock = [0.0]
+    from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
+    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sriov, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "timeout": 3})
+    assert failed and result["kind"] == "missing_parent"
+    assert "this host has no mdev parents" in result["msg"] and result["msg"].endswith("(waited 3s)")
+
+
+def test_vendor_specific_errors(vgpu_host):
+    tree, kernel = vgpu_host
+    before = tree.snapshot()
+    result, failed = run(tree, {"type": "0", "pf": L40S_PF})
+    assert failed and "type ids are integers greater than 0" in result["msg"]
+    result, failed = run(tree, {"type": "NVIDIA L40S-8Q", "pf": L40S_PF, "count": 7})
+    assert failed and "4 available, 7 needed" in result["msg"]
+    result, failed = run(tree, {"type": "1155", "parents": [L40S_VFS[0]], "uuids": [UUID1]})
+    assert failed and "uuids cannot be used with the NVIDIA vendor-specific interface" in result["msg"]
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+TEXT = st.one_of(st.none(), st.text(max_size=40), st.integers(), st.booleans(),
+                 st.lists(st.text(max_size=12), max_size=3))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=st.fixed_dictionaries({}, optional={
+    "type": st.one_of(TEXT, st.sampled_from(["mtty-1", "mtty-2", "Dual port serial", "nvidia-692"])),
+    "parents": st.one_of(TEXT, st.lists(st.sampled_from(["mtty", "MTTY", A100_VFS[0], "3b:00.5", "", "/"]),
+                                        max_size=3)),
+    "pf": st.one_of(TEXT, st.sampled_from([A100_PF, "3b:00.0", "0000:zz:00.0"])),
+    "count": st.one_of(TEXT, st.integers(min_value=-3, max_value=30)),
+    "uuids": st.one_of(TEXT, st.lists(st.sampled_from([UUID1, "bad", UUID1.upper(), ""]), max_size=3)),
+    "state": st.one_of(TEXT, st.sampled_from(["present", "absent"])),
+    "persistent": st.one_of(TEXT, st.booleans()),
+    "backend": st.one_of(TEXT, st.sampled_from(["auto", "mdev", "nvidia"])),
+    "timeout": st.one_of(st.integers(min_value=-2, max_value=0), st.text(max_size=5)),
+}), check=st.booleans())
+def test_fuzz_never_raises(host, args, check):
+    tree, _kernel = host
+    result, failed = run(tree, args, check=check)
+    assert isinstance(result, dict)
+    if failed:
+        assert isinstance(result["msg"], str) and result["msg"]

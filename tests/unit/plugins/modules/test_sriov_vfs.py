@@ -1,0 +1,205 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Module tests for sriov_vfs on a fake sysfs tree with a simulated kernel (see test_sriov)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
+from ansible_collections.gpuops.sandbox.plugins.modules import sriov_vfs
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
+    NVME_PF,
+    FakeKernel,
+    FakeTree,
+    _oserror,
+    add_nvme_pf,
+)
+
+
+class ExitJson(Exception):
+    pass
+
+
+class FailJson(Exception):
+    pass
+
+
+def _exit(self, **kwargs):
+    kwargs.setdefault("changed", False)
+    raise ExitJson(kwargs)
+
+
+def _fail(self, msg, **kwargs):
+    kwargs["msg"] = msg
+    kwargs["failed"] = True
+    raise FailJson(kwargs)
+
+
+@pytest.fixture(autouse=True)
+def patched(monkeypatch):
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail)
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    tree = FakeTree(tmp_path)
+    kernel = FakeKernel(tree)
+    monkeypatch.setattr(_sriov, "write_attr", kernel.write)
+    monkeypatch.setattr(_sriov, "_sleep", lambda _seconds: None)
+    add_nvme_pf(tree)
+    return tree, kernel
+
+
+def run(tree, args, check=False, diff=False):
+    full = dict(args)
+    full["_ansible_check_mode"] = check
+    full["_ansible_diff"] = diff
+    full.setdefault("timeout", 0)
+    sriov_vfs.ROOT = tree.root
+    try:
+        with patch_module_args(full):
+            sriov_vfs.main()
+    except ExitJson as done:
+        return done.args[0], False
+    except FailJson as failed:
+        return failed.args[0], True
+    finally:
+        sriov_vfs.ROOT = "/"
+    raise AssertionError("module returned without exit_json or fail_json")
+
+
+def numvfs(tree):
+    return int(tree.read("/sys/bus/pci/devices/%s/sriov_numvfs" % NVME_PF))
+
+
+def test_check_run_check_run(host):
+    tree, kernel = host
+    args = {"pf": NVME_PF, "count": 3}
+    before = tree.snapshot()
+    result, failed = run(tree, args, check=True, diff=True)
+    assert not failed and result["changed"] and result["numvfs"] == 3
+    assert result["diff"]["before"].startswith("sriov_numvfs: 0\n")
+    assert result["diff"]["after"].startswith("sriov_numvfs: 3\n")
+    assert tree.snapshot() == before and kernel.writes == []
+    result, failed = run(tree, args)
+    assert not failed and result["changed"] and numvfs(tree) == 3
+    assert result["vfs"] == ["0000:01:00.1", "0000:01:00.2", "0000:01:00.3"]
+    result, failed = run(tree, args, check=True)
+    assert not failed and not result["changed"]
+    kernel.writes.clear()
+    result, failed = run(tree, args)
+    assert not failed and not result["changed"] and kernel.writes == []
+
+
+def test_change_goes_through_zero_and_absent(host):
+    tree, kernel = host
+    run(tree, {"pf": "01:00.0", "count": 2})
+    kernel.writes.clear()
+    result, failed = run(tree, {"pf": NVME_PF, "count": 4})
+    assert not failed and result["previous_numvfs"] == 2 and numvfs(tree) == 4
+    assert [v for _p, v in kernel.writes] == ["0", "4"]
+    result, failed = run(tree, {"pf": NVME_PF, "state": "absent"})
+    assert not failed and result["changed"] and numvfs(tree) == 0 and result["vfs"] == []
+    result, failed = run(tree, {"pf": NVME_PF, "state": "absent"})
+    assert not failed and not result["changed"]
+
+
+def test_autoprobe_set_before_vfs(host):
+    tree, kernel = host
+    result, failed = run(tree, {"pf": NVME_PF, "count": 2, "autoprobe": False})
+    assert not failed and result["autoprobe"] is False
+    assert [p.rsplit("/", 1)[1] for p, _v in kernel.writes] == ["sriov_drivers_autoprobe", "sriov_numvfs"]
+    assert not os.path.lexists(tree.p("/sys/bus/pci/devices/0000:01:00.1/driver"))
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"pf": NVME_PF, "count": 5}, "cannot enable 5 VFs on 0000:01:00.0: sriov_totalvfs is 4"),
+    ({"pf": NVME_PF, "count": -1}, "count must be 0 or a positive integer, got -1"),
+    ({"pf": "0000:01:00.9", "count": 1}, "PCI address '0000:01:00.9' is not valid"),
+    ({"pf": "0000:07:00.0", "count": 1}, "PCI device 0000:07:00.0 does not exist on this host"),
+    ({"pf": NVME_PF}, "state is present but all of the following are missing: count"),
+    ({"pf": NVME_PF, "count": 1, "timeout": -5}, "timeout must be 0 or a positive"),
+])
+def test_errors_change_nothing(host, args, message):
+    tree, kernel = host
+    before = tree.snapshot()
+    result, failed = run(tree, args)
+    assert failed and result["msg"].startswith(message)
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+def test_no_driver(tmp_path, monkeypatch):
+    tree = FakeTree(tmp_path)
+    kernel = FakeKernel(tree)
+    monkeypatch.setattr(_sriov, "write_attr", kernel.write)
+    add_nvme_pf(tree, driver=None)
+    result, failed = run(tree, {"pf": NVME_PF, "count": 2})
+    assert failed and "has no driver bound" in result["msg"] and kernel.writes == []
+
+
+def test_not_sriov(tmp_path):
+    tree = FakeTree(tmp_path)
+    tree.add_pci("0000:02:00.0", "0x8086", "0x10d3", "0x020000", driver="e1000e")
+    result, failed = run(tree, {"pf": "0000:02:00.0", "count": 1})
+    assert failed and result["msg"] == "PCI device 0000:02:00.0 is not an SR-IOV physical function (no sriov_totalvfs)"
+
+
+def test_vf_on_vfio_refused_unless_force(host):
+    tree, kernel = host
+    run(tree, {"pf": NVME_PF, "count": 2})
+    tree.link("/sys/bus/pci/devices/0000:01:00.1/driver", "/sys/bus/pci/drivers/vfio-pci")
+    before = tree.snapshot()
+    kernel.writes.clear()
+    result, failed = run(tree, {"pf": NVME_PF, "state": "absent"})
+    assert failed and result["msg"] == (
+        "refusing to change the VF count of 0000:01:00.0 from 2 to 0 while VFs are in use (0000:01:00.1 is bound "
+        "to vfio-pci); stop the users first or set force=true")
+    assert tree.snapshot() == before and kernel.writes == []
+    result, failed = run(tree, {"pf": NVME_PF, "state": "absent", "force": True})
+    assert not failed and numvfs(tree) == 0
+
+
+def test_driver_refuses_and_old_count_restored(host):
+    tree, kernel = host
+    run(tree, {"pf": NVME_PF, "count": 2})
+
+    def refuse(_kernel, _path, rel, value):
+        if rel.endswith("/sriov_numvfs") and value == "4":
+            raise _oserror(errno.ENOMEM, rel)
+        return False
+
+    kernel.hooks.append(refuse)
+    result, failed = run(tree, {"pf": NVME_PF, "count": 4})
+    assert failed and "Cannot allocate memory" in result["msg"]
+    assert "rollback: restored sriov_numvfs to 2" in result["msg"]
+    assert numvfs(tree) == 2
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=st.fixed_dictionaries({}, optional={
+    "pf": st.one_of(st.none(), st.text(max_size=20), st.integers(), st.sampled_from([NVME_PF, "01:00.0", "x"])),
+    "count": st.one_of(st.none(), st.integers(min_value=-5, max_value=10), st.text(max_size=4), st.booleans()),
+    "state": st.one_of(st.text(max_size=8), st.sampled_from(["present", "absent"])),
+    "autoprobe": st.one_of(st.none(), st.booleans(), st.text(max_size=5)),
+    "force": st.one_of(st.booleans(), st.text(max_size=5), st.integers()),
+    "timeout": st.one_of(st.integers(min_value=-3, max_value=0), st.text(max_size=4)),
+}), check=st.booleans())
+def test_fuzz_never_raises(host, args, check):
+    tree, _kernel = host
+    result, failed = run(tree, args, check=check)
+    assert isinstance(result, dict)
+    if failed:
+        assert isinstance(result["msg"], str) and result["msg"]
