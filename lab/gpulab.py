@@ -46,14 +46,14 @@ INVENTORY_CONNECTION = os.path.join(INVENTORY_DIR, "zz-lab-connection.yml")
 IMAGE_FILES = os.path.join(TOP, "lab", "image")
 
 # Bump when the image recipe changes: a cached image built by an older recipe is rebuilt.
-RECIPE_VERSION = "3"
+RECIPE_VERSION = "4"
 SUITE = "bookworm"
 IMAGE_NAME = "debian12-gpulab"
 DISK_SIZE = 4 * 1024 ** 3
 PART_OFFSET = 1024 * 1024
 PACKAGES = [
     "systemd-sysv", "udev", "openssh-server", "python3", "kmod", "iproute2", "initramfs-tools",
-    "linux-image-amd64", "grub-pc", "pciutils", "procps", "sudo",
+    "linux-image-amd64", "grub-pc", "pciutils", "procps", "sudo", "dbus",
 ]
 # Kernel arguments the pristine image boots with. intel_iommu=off is deliberate (see the docstring).
 IMAGE_CMDLINE = "console=ttyS0,115200 intel_iommu=off"
@@ -346,8 +346,11 @@ WantedBy=multi-user.target
     run(["chroot", rootfs, "depmod", kver], timeout=120)
     run(["systemctl", "--root", rootfs, "enable", "systemd-networkd", "gpulab-keys.service",
          "gpulab-finalise.service"], timeout=120)
+    # Services a lab host does not need; under software emulation each costs seconds of boot.
     run(["systemctl", "--root", rootfs, "mask", "systemd-networkd-wait-online.service",
-         "apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"], timeout=120)
+         "apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
+         "fstrim.timer", "getty-static.service", "getty@tty1.service", "systemd-binfmt.service",
+         "proc-sys-fs-binfmt_misc.automount", "man-db.timer", "dpkg-db-backup.timer"], timeout=120)
     for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
         path = os.path.join(rootfs, sub)
         for name in os.listdir(path):
@@ -788,7 +791,7 @@ def cmd_start(args):
             state = vm.state()
             if state == "running":
                 log("%s: already running (ssh port %s)" % (name, vm.meta().get("ssh_port")))
-                booting.append((vm, vm.meta().get("ssh_port"), time.time()))
+                booting.append((vm, vm.meta().get("ssh_port"), None))
                 continue
             if state in ("stale", "hung"):
                 log("%s: found %s (QEMU %s); restarting it" % (
@@ -797,21 +800,24 @@ def cmd_start(args):
             port = vm.launch(manifest, accel, pub)
             log("%s: booting (%s, ssh on 127.0.0.1:%d)" % (name, accel, port))
             booting.append((vm, port, time.time()))
-        errors = []
+    # SSH is awaited outside the lock, so other lab commands are not held up by a slow boot.
+    errors = []
 
-        def waiter(vm, port, t0):
-            try:
-                wait_ssh(vm, port, args.timeout)
+    def waiter(vm, port, t0):
+        try:
+            wait_ssh(vm, port, args.timeout)
+            if t0 is not None:  # None: it was already running (maybe still booting for another command)
                 vm.save_meta(boot_to_ssh=round(time.time() - t0, 1))
                 log("%s: ssh up after %.0fs" % (vm.name, time.time() - t0))
-            except LabError as exc:
-                errors.append(str(exc))
+        except LabError as exc:
+            errors.append(str(exc))
 
-        threads = [threading.Thread(target=waiter, args=item) for item in booting]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+    threads = [threading.Thread(target=waiter, args=item) for item in booting]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with locked(os.path.join(STATE, "lab.lock")):
         write_inventory(lab_hosts())
     if errors:
         raise LabError("\n".join(errors))

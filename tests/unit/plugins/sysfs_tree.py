@@ -368,3 +368,99 @@ def build_lab_host(root, iommu=True):
                      + ("intel_iommu=on iommu=pt" if iommu else "intel_iommu=off"))
     tree.set_cpuinfo(CPUINFO_NO_VIRT)
     return tree
+
+
+# -- vfio binding --------------------------------------------------------------------------------
+
+VFIO_ALIASES_TEXT = """\
+# Excerpt shaped like /lib/modules/<release>/modules.alias: the generic vfio_pci alias and a variant.
+alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia
+alias vfio_pci:v*d*sv*sd*bc*sc*i* vfio_pci
+alias vfio_pci:v000010DEd00002342sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci
+alias vfio_pci:v000015B3d0000101Esv*sd*bc*sc*i* mlx5_vfio_pci
+"""
+
+
+def modalias_of(tree, address):
+    """The ``modalias`` the kernel shows for a function of ``tree`` (upper-case hex, like the kernel)."""
+    devdir = tree.functions[address]
+
+    def hexval(name):
+        return int(tree.read(devdir + "/" + name), 16)
+
+    klass = hexval("class")
+    return "pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X" % (
+        hexval("vendor"), hexval("device"), hexval("subsystem_vendor"), hexval("subsystem_device"),
+        klass >> 16, (klass >> 8) & 0xFF, klass & 0xFF)
+
+
+def add_modaliases(tree):
+    """Write ``modalias`` for every function of ``tree``."""
+    for address, devdir in tree.functions.items():
+        tree.write(devdir + "/modalias", modalias_of(tree, address) + "\n")
+
+
+def add_modules_alias(tree, release, text=VFIO_ALIASES_TEXT):
+    tree.write("/lib/modules/%s/modules.alias" % release, text)
+
+
+def add_nvidia_nodes(tree, minors):
+    """Add ``/dev/nvidiaN`` and ``/proc/driver/nvidia/gpus/<BDF>/information`` for ``{address: minor}``."""
+    for address, minor in minors.items():
+        tree.write("/dev/nvidia%d" % minor, "")
+        tree.write("/proc/driver/nvidia/gpus/%s/information" % address,
+                   "Model: \t\t NVIDIA GPU\nIRQ:   \t\t 150\nBus Location: \t %s\nDevice Minor: \t %d\n"
+                   "GPU Excluded:\t No\n" % (address, minor))
+    tree.write("/dev/nvidiactl", "")
+
+
+def remove_process(tree, pid):
+    """Remove ``/proc/<pid>`` (the process exited)."""
+    for top, dirs, files in os.walk(tree.path("/proc/%d" % pid), topdown=False):
+        for name in files:
+            os.unlink(os.path.join(top, name))
+        for name in dirs:
+            full = os.path.join(top, name)
+            if os.path.islink(full):
+                os.unlink(full)
+            else:
+                os.rmdir(full)
+    os.rmdir(tree.path("/proc/%d" % pid))
+
+
+def build_vfio_gpu_host(root, release, holders=False):
+    """:func:`build_gpu_host` plus what vfio binding reads: modalias files, modules.alias, nvidia nodes.
+
+    The A10 is minor 0 and the A100 minor 1. ``holders=False`` removes the processes that hold
+    ``/dev/nvidia*`` and ``/dev/vfio/12`` open (nvidia-persistenced, nv-hostengine, qemu-kvm).
+    """
+    tree = build_gpu_host(root)
+    add_modaliases(tree)
+    add_modules_alias(tree, release)
+    add_nvidia_nodes(tree, {A10: 0, A100: 1})
+    tree.mkdir("/dev/vfio")
+    tree.write("/dev/vfio/vfio", "")
+    if not holders:
+        for pid in (1234, 2345, 3456):
+            remove_process(tree, pid)
+    return tree
+
+
+def unload_driver(tree, name):
+    """Remove ``/sys/bus/pci/drivers/<name>`` (its module is not loaded); no function may be bound to it."""
+    base = tree.path("/sys/bus/pci/drivers/" + name)
+    for entry in os.listdir(base):
+        os.unlink(os.path.join(base, entry))
+    os.rmdir(base)
+
+
+def build_vfio_lab_host(root, release, vfio_loaded=False):
+    """:func:`build_lab_host` plus modalias files and modules.alias; vfio-pci not loaded unless asked."""
+    tree = build_lab_host(root)
+    add_modaliases(tree)
+    add_modules_alias(tree, release)
+    if not vfio_loaded:
+        unload_driver(tree, "vfio-pci")
+    tree.mkdir("/dev/vfio")
+    tree.write("/dev/vfio/vfio", "")
+    return tree

@@ -1,0 +1,639 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Private helpers to bind PCI functions to vfio-pci (or a vfio-pci variant driver) and back.
+
+This file is private to the gpuops.sandbox collection: its interface may change at any time.
+Every function that touches the host takes its filesystem root as an argument (default ``/``) so unit
+tests can build a fake tree under a temporary directory. Errors are raised as :class:`VfioError` (or
+the :class:`SysfsError` of the discovery helpers); only the module turns them into ``fail_json``.
+
+The work is split in two: ``plan_bind``/``plan_unbind`` read the host and decide, per function, what
+must change, refusing (before anything is written) whatever is unsafe; ``apply_steps`` performs the
+steps in order, verifies each by reading the ``driver`` link back, and rolls every step already done
+back, in reverse order, when one fails.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import time
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
+    SysfsError,
+    host_path,
+    link_name,
+    normalize_pci_address,
+    pci_device_dir,
+    read_attr,
+    write_attr,
+)
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
+    VFIO_PCI_DRIVER,
+    driver_allows_vfio,
+    find_holders,
+    group_viability,
+    iommu_group_of,
+    read_identity,
+    sriov_info,
+    vgpu_info,
+)
+
+PCI_DRIVERS = "/sys/bus/pci/drivers"
+DRIVERS_PROBE = "/sys/bus/pci/drivers_probe"
+UDEV_RULES_DIR = "/etc/udev/rules.d"
+UDEV_RULE_PREFIX = "61-gpuops-vfio-"
+RECORD_DIR = "/var/lib/gpuops/vfio_bind"
+NONE_DRIVER = "none"
+DEFAULT_ALLOWED_DRIVERS = ("nvidia", "nouveau", VFIO_PCI_DRIVER, NONE_DRIVER)
+# Drivers of the auxiliary functions NVIDIA boards put in the GPU's IOMMU group: HDMI/DP audio, the
+# USB-C xHCI controller and its UCSI (I2C) function.
+DEFAULT_ALLOWED_GROUP_DRIVERS = ("snd_hda_intel", "xhci_hcd", "nvidia-gpu", "ucsi_ccg")
+DRIVER_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NVIDIA_MINOR_RE = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
+_NVIDIA_NODE_RE = re.compile(r"^nvidia(\d+)$")
+_NULL_OVERRIDE = "(null)"
+POLL_INTERVAL = 0.1
+
+# Indirection so unit tests can make waiting instant.
+_sleep = time.sleep
+_monotonic = time.monotonic
+
+
+class VfioError(Exception):
+    """Binding or restoring failed, or was refused; ``msg`` says why and what to do.
+
+    ``rollback`` lists, when a change was undone, one line per function with the rollback result.
+    """
+
+    def __init__(self, msg, rollback=None):
+        super().__init__(msg)
+        self.msg = msg
+        self.rollback = rollback or []
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------------------------
+
+def is_vfio_driver(driver):
+    """True for vfio-pci itself and its variant drivers (``nvgrace_gpu_vfio_pci``, ``mlx5_vfio_pci``)."""
+    return driver is not None and (driver == VFIO_PCI_DRIVER or driver.endswith("_vfio_pci"))
+
+
+def check_driver_names(values, option):
+    """Return ``values`` (driver names or ``none``) after checking each looks like a driver name."""
+    for value in values:
+        if not isinstance(value, str) or not DRIVER_NAME_RE.match(value):
+            raise VfioError("%s entry %r is not a driver name (letters, digits, '_', '-', '.'; e.g. nvidia, "
+                            "or none for a function without a driver)" % (option, value))
+    return list(values)
+
+
+def driver_label(driver):
+    """Human form of a driver (``none`` for a function without one)."""
+    return driver if driver else NONE_DRIVER
+
+
+def wait_until(predicate, timeout):
+    """Call ``predicate`` until it is true or ``timeout`` seconds passed; return its last value."""
+    deadline = _monotonic() + max(timeout, 0)
+    while True:
+        value = predicate()
+        if value or _monotonic() >= deadline:
+            return value
+        _sleep(POLL_INTERVAL)
+
+
+def current_driver(address, root="/"):
+    """Name of the driver ``address`` is bound to, or None."""
+    return link_name(os.path.join(pci_device_dir(address, root), "driver"))
+
+
+def read_override(address, root="/"):
+    """``driver_override`` of a function, None when unset (the kernel shows ``(null)``)."""
+    value = read_attr(os.path.join(pci_device_dir(address, root), "driver_override"), default="")
+    return None if value in ("", _NULL_OVERRIDE) else value
+
+
+def driver_loaded(driver, root="/"):
+    """Whether ``driver`` is registered with the PCI bus (built in or its module loaded)."""
+    return os.path.isdir(host_path(root, "%s/%s" % (PCI_DRIVERS, driver)))
+
+
+def module_for_driver(driver):
+    """The kernel module that provides a vfio driver (``vfio-pci`` is module ``vfio_pci``)."""
+    return "vfio_pci" if driver == VFIO_PCI_DRIVER else driver
+
+
+def vfio_group_node(group):
+    return "/dev/vfio/%d" % group
+
+
+# ---------------------------------------------------------------------------------------------
+# Variant drivers: modalias against the ``alias vfio_pci:`` lines of modules.alias
+# ---------------------------------------------------------------------------------------------
+
+def parse_vfio_aliases(text):
+    """Return ``[(pattern, module)]`` from the ``alias vfio_pci:<pattern> <module>`` lines of modules.alias."""
+    aliases = []
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "alias" and parts[1].startswith("vfio_pci:"):
+            aliases.append((parts[1][len("vfio_pci:"):], parts[2]))
+    return aliases
+
+
+def read_modules_alias(root="/", release=None):
+    """Text of ``/lib/modules/<release>/modules.alias`` ('' when missing)."""
+    release = release or os.uname().release
+    path = host_path(root, "/lib/modules/%s/modules.alias" % release)
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return ""
+
+
+def match_variant(modalias, aliases):
+    """Pick the vfio driver for a device ``modalias`` (``pci:v000010DEd...``) from ``aliases``.
+
+    Every ``vfio_pci:`` alias whose pattern matches the modalias (after its ``pci:`` prefix) is a
+    candidate; the most specific one (fewest ``*``, then first in the file) wins. The generic
+    ``vfio_pci`` module (``alias vfio_pci:v*d*sv*sd*bc*sc*i* vfio_pci``) maps to ``vfio-pci``.
+    Returns None when nothing matches.
+    """
+    if not modalias or not modalias.startswith("pci:"):
+        return None
+    body = modalias[len("pci:"):]
+    best = None
+    for index, (pattern, module) in enumerate(aliases):
+        if fnmatch.fnmatchcase(body, pattern):
+            key = (pattern.count("*"), index)
+            if best is None or key < best[0]:
+                best = (key, module)
+    if best is None:
+        return None
+    module = best[1]
+    return VFIO_PCI_DRIVER if module in ("vfio_pci", VFIO_PCI_DRIVER) else module
+
+
+def target_driver(address, requested, root="/", release=None, aliases=None):
+    """The vfio driver to bind ``address`` to: ``requested``, or with ``auto`` the matching variant."""
+    if requested != "auto":
+        return requested
+    modalias = read_attr(os.path.join(pci_device_dir(address, root), "modalias"), default="")
+    if aliases is None:
+        aliases = parse_vfio_aliases(read_modules_alias(root, release))
+    return match_variant(modalias, aliases) or VFIO_PCI_DRIVER
+
+
+# ---------------------------------------------------------------------------------------------
+# Device state, holders
+# ---------------------------------------------------------------------------------------------
+
+def device_state(address, root="/"):
+    """Everything the planner needs about one function, as plain data."""
+    addr = normalize_pci_address(address)
+    devdir = pci_device_dir(addr, root)
+    ident = read_identity(addr, root)
+    sriov = sriov_info(addr, root)
+    boot_vga = read_attr(os.path.join(devdir, "boot_vga"), default="0")
+    return {
+        "address": addr,
+        "vendor": ident["vendor"],
+        "device": ident["device"],
+        "class": ident["class"],
+        "is_bridge": ident["is_bridge"],
+        "driver": ident["driver"],
+        "override": read_override(addr, root),
+        "group": iommu_group_of(addr, root),
+        "boot_vga": boot_vga.strip() == "1",
+        "numvfs": sriov["numvfs"] or 0,
+        "is_vf": sriov["physfn"] is not None,
+        "vendor_vgpu": vgpu_info(addr, root) is not None,
+    }
+
+
+def nvidia_device_nodes(address, root="/"):
+    """The ``/dev/nvidiaN`` nodes that pin ``address`` to the nvidia driver.
+
+    The minor comes from ``/proc/driver/nvidia/gpus/<BDF>/information`` (``Device Minor:``); when it
+    cannot be read, every ``/dev/nvidiaN`` of the host is returned (refusing too often beats hanging in
+    an unbind), and ``/dev/nvidia0`` when ``/dev`` shows none.
+    """
+    info = host_path(root, "/proc/driver/nvidia/gpus/%s/information" % address)
+    text = read_attr(info, default="")
+    match = _NVIDIA_MINOR_RE.search(text)
+    if match:
+        return ["/dev/nvidia%d" % int(match.group(1))]
+    try:
+        names = os.listdir(host_path(root, "/dev"))
+    except (IOError, OSError):
+        names = []
+    nodes = sorted(("/dev/" + n for n in names if _NVIDIA_NODE_RE.match(n)),
+                   key=lambda p: int(_NVIDIA_NODE_RE.match(os.path.basename(p)).group(1)))
+    return nodes or ["/dev/nvidia0"]
+
+
+def holder_paths(state, root="/"):
+    """Device nodes whose holders stop ``state``'s function from being unbound from its driver."""
+    driver = state["driver"]
+    devdir = pci_device_dir(state["address"], root)
+    paths = []
+    if driver == "nvidia":
+        paths.extend(nvidia_device_nodes(state["address"], root))
+    elif is_vfio_driver(driver):
+        if state["group"] is not None:
+            paths.append(vfio_group_node(state["group"]))
+        cdev_dir = os.path.join(devdir, "vfio-dev")
+        if os.path.isdir(cdev_dir):
+            paths.extend("/dev/vfio/devices/" + name for name in sorted(os.listdir(cdev_dir)))
+    if driver is not None:
+        drm_dir = os.path.join(devdir, "drm")
+        if os.path.isdir(drm_dir):
+            paths.extend("/dev/dri/" + name for name in sorted(os.listdir(drm_dir))
+                         if name.startswith(("card", "renderD")))
+    return paths
+
+
+def holders_problem(state, root="/"):
+    """A refusal message when processes hold ``state``'s device nodes open, else None."""
+    if state["driver"] is None:
+        return None
+    holders = find_holders(holder_paths(state, root), root)
+    if not holders:
+        return None
+    listed = ", ".join("pid %d (%s) holds %s" % (h["pid"], h["comm"] or "?", h["device"]) for h in holders)
+    return ("%s is in use (driver %s): %s; stop these processes first (this module never stops or kills "
+            "anything)" % (state["address"], state["driver"], listed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Persistence and records
+# ---------------------------------------------------------------------------------------------
+
+def udev_rule_path(address):
+    return "%s/%s%s.rules" % (UDEV_RULES_DIR, UDEV_RULE_PREFIX, address)
+
+
+def udev_rule_text(state, target):
+    """udev rule giving ``state``'s function to ``target`` again at every boot (or hot-add).
+
+    The rule sets ``driver_override`` while udev handles the function's ``add`` event, loads the vfio
+    module, then has the function (re)probed: taken from a driver that already claimed it (only
+    possible when that driver was loaded first, for another device) and probed, so only ``target``
+    can bind it. The address is validated, so nothing in the rule comes from free text.
+    """
+    addr = normalize_pci_address(state["address"])
+    if not DRIVER_NAME_RE.match(target):
+        raise VfioError("driver %r is not a driver name" % (target,))
+    script = ("cd /sys/bus/pci/devices/{a} && if [ -e driver ] && [ ! driver -ef /sys/bus/pci/drivers/{t} ]; "
+              "then echo {a} > driver/unbind; fi; echo {a} > /sys/bus/pci/drivers_probe").format(a=addr, t=target)
+    return (
+        "# Managed by gpuops.sandbox.vfio_bind; removed by state=absent. Do not edit.\n"
+        "# Gives %s (%s:%s) to %s at boot instead of its host driver.\n"
+        'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="%s", ATTR{driver_override}="%s", '
+        'RUN+="/sbin/modprobe -q %s", RUN+="/bin/sh -c \'%s\'"\n'
+        % (addr, state["vendor"], state["device"], target, addr, target, module_for_driver(target), script)
+    )
+
+
+def record_path(address):
+    return "%s/%s.json" % (RECORD_DIR, address)
+
+
+def record_text(state, target):
+    """JSON record of the driver a function had before it was bound to ``target``."""
+    return json.dumps({
+        "address": state["address"],
+        "vendor": state["vendor"],
+        "device": state["device"],
+        "driver": state["driver"],
+        "driver_override": state["override"],
+        "bound_to": target,
+    }, sort_keys=True, indent=2) + "\n"
+
+
+def read_text(root, path):
+    """Text of host file ``path`` under ``root``, or None when it does not exist or cannot be read."""
+    try:
+        with open(host_path(root, path), "r", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return None
+
+
+def read_record(address, root="/"):
+    """The record written when ``address`` was bound, or None (missing or not a valid record)."""
+    text = read_text(root, record_path(address))
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("address") != address:
+        return None
+    driver = data.get("driver")
+    if driver is not None and (not isinstance(driver, str) or not DRIVER_NAME_RE.match(driver)):
+        return None
+    override = data.get("driver_override")
+    if override is not None and (not isinstance(override, str) or not DRIVER_NAME_RE.match(override)):
+        override = None
+    return {"driver": driver, "driver_override": override}
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+# ---------------------------------------------------------------------------------------------
+
+def _step(state, target, role, action):
+    return {"address": state["address"], "state": state, "role": role, "action": action, "target": target,
+            "before": state["driver"], "before_override": state["override"], "restore_to": None}
+
+
+def _group_members(state, root):
+    if state["group"] is None:
+        return []
+    return group_viability(state["group"], root)["members"]
+
+
+def _bind_problems(step, allowed, root, force_boot_vga):
+    """Refusals for binding one function (it is not on its target driver yet)."""
+    state = step["state"]
+    addr = state["address"]
+    problems = []
+    if state["is_bridge"]:
+        problems.append("%s is a PCI bridge (class %s); bridges are never bound to a vfio driver"
+                        % (addr, state["class"]))
+        return problems
+    if state["group"] is None:
+        problems.append("%s has no IOMMU group: the IOMMU is off, so %s could not give it to a VM; enable "
+                        "VT-d/AMD-Vi and boot with intel_iommu=on or amd_iommu=on (see "
+                        "gpuops.sandbox.iommu_check)" % (addr, step["target"]))
+    if state["boot_vga"] and not force_boot_vga:
+        problems.append("%s is the boot VGA device (the console the firmware set up); set force_boot_vga=true "
+                        "to bind it anyway" % addr)
+    label = driver_label(state["driver"])
+    if label not in allowed:
+        option = "allowed_drivers" if step["role"] == "selected" else "allowed_drivers or allowed_group_drivers"
+        problems.append("%s is bound to %s, which is not in %s (%s); add %s to %s to bind it anyway"
+                        % (addr, label, option, ", ".join(allowed), label, option))
+    if state["numvfs"] > 0:
+        problems.append("%s is an SR-IOV physical function with %d VFs enabled; a PF with VFs cannot be passed "
+                        "through: disable them first (sriov_numvfs=0, e.g. gpuops.sandbox.sriov_vfs with "
+                        "state=absent)" % (addr, state["numvfs"]))
+    if state["vendor_vgpu"]:
+        problems.append("%s offers NVIDIA vendor-specific vGPU types (nvidia/creatable_vgpu_types); its vGPUs "
+                        "are created with gpuops.sandbox.mdev_create, never by binding it to %s"
+                        % (addr, step["target"]))
+    if not problems:
+        busy = holders_problem(state, root)
+        if busy:
+            problems.append(busy)
+    return problems
+
+
+def _ordered(steps):
+    return sorted(steps, key=lambda s: s["address"])
+
+
+def plan_bind(addresses, root="/", driver="auto", include_group=False, allowed_drivers=DEFAULT_ALLOWED_DRIVERS,
+              allowed_group_drivers=DEFAULT_ALLOWED_GROUP_DRIVERS, force_boot_vga=False, release=None):
+    """Decide how to bind ``addresses`` (already selected and normalised) to their vfio driver.
+
+    Returns ``{"steps": [...], "devices": [...]}``: a step per function that must change, a device entry
+    per function considered (selected ones, plus group members with ``include_group``). Raises
+    VfioError listing every reason to refuse; nothing is written here.
+    """
+    aliases = parse_vfio_aliases(read_modules_alias(root, release)) if driver == "auto" else None
+    entries = {}
+    for address in addresses:
+        state = device_state(address, root)
+        entries[state["address"]] = _step(state, target_driver(state["address"], driver, root, release, aliases),
+                                          "selected", "bind")
+    problems = []
+    if include_group:
+        for address in sorted(entries):
+            if entries[address]["role"] != "selected":
+                continue
+            for member in _group_members(entries[address]["state"], root):
+                if member["address"] in entries or member["is_bridge"]:
+                    continue
+                if not member["pci"]:
+                    if not driver_allows_vfio(member["driver"]):
+                        problems.append("%s in IOMMU group %s is not a PCI function and is bound to %s; it "
+                                        "cannot be given to vfio-pci, so the group cannot be passed through"
+                                        % (member["address"], entries[address]["state"]["group"],
+                                           member["driver"]))
+                    continue
+                if member["driver"] is not None and driver_allows_vfio(member["driver"]) \
+                        and not is_vfio_driver(member["driver"]):
+                    continue
+                state = device_state(member["address"], root)
+                # A member already on a vfio driver stays there (and is reported, and persisted).
+                target = state["driver"] if is_vfio_driver(state["driver"]) else \
+                    target_driver(state["address"], driver, root, release, aliases)
+                entries[state["address"]] = _step(state, target, "group", "bind")
+    base_allowed = list(allowed_drivers)
+    for step in _ordered(entries.values()):
+        if step["before"] == step["target"]:
+            step["action"] = "none"
+            continue
+        allowed = base_allowed + [d for d in [step["target"]] if d not in base_allowed]
+        if step["role"] == "group":
+            allowed += [d for d in allowed_group_drivers if d not in allowed]
+        problems.extend(_bind_problems(step, allowed, root, force_boot_vga))
+    if not include_group:
+        seen = set()
+        for step in _ordered(entries.values()):
+            group = step["state"]["group"]
+            if group is None or group in seen or step["state"]["is_bridge"]:
+                continue
+            seen.add(group)
+            blockers = [b for b in group_viability(group, root)["blockers"] if b["address"] not in entries]
+            if blockers:
+                listed = ", ".join("%s is bound to %s" % (b["address"], b["driver"]) for b in blockers)
+                problems.append("IOMMU group %d of %s is not viable for passthrough: %s; set include_group=true "
+                                "to bind the other functions of the group too"
+                                % (group, step["address"], listed))
+    if problems:
+        raise VfioError("refusing to change anything: " + "; ".join(problems))
+    ordered = _ordered(entries.values())
+    return {"steps": [s for s in ordered if s["action"] != "none"], "devices": ordered}
+
+
+def plan_unbind(addresses, root="/", include_group=False):
+    """Decide how to give ``addresses`` back to their host drivers (``state=absent``).
+
+    A function needs work when it is on a vfio driver, still carries a vfio ``driver_override``, or
+    has a record or a udev rule of this module. With ``include_group`` the other functions of its
+    IOMMU group that are on a vfio driver are restored too. Raises VfioError listing holders of the
+    VFIO device nodes; nothing is written here.
+    """
+    entries = {}
+    for address in addresses:
+        state = device_state(address, root)
+        entries[state["address"]] = _step(state, None, "selected", "restore")
+    if include_group:
+        for address in sorted(entries):
+            if entries[address]["role"] != "selected":
+                continue
+            for member in _group_members(entries[address]["state"], root):
+                if member["address"] in entries or member["is_bridge"] or not member["pci"]:
+                    continue
+                if is_vfio_driver(member["driver"]) or read_record(member["address"], root) is not None:
+                    state = device_state(member["address"], root)
+                    entries[state["address"]] = _step(state, None, "group", "restore")
+    problems = []
+    for step in _ordered(entries.values()):
+        state = step["state"]
+        addr = state["address"]
+        record = read_record(addr, root)
+        on_vfio = is_vfio_driver(state["driver"])
+        override_set = state["override"] is not None and is_vfio_driver(state["override"])
+        restore_to = record["driver"] if record else None
+        if not (on_vfio or override_set or (record and state["driver"] != restore_to)):
+            step["action"] = "none"
+            continue
+        step["restore_to"] = restore_to
+        step["restore_override"] = record["driver_override"] if record else None
+        step["probe"] = record is None
+        if on_vfio:
+            busy = holders_problem(state, root)
+            if busy:
+                problems.append(busy)
+    if problems:
+        raise VfioError("refusing to change anything: " + "; ".join(problems))
+    ordered = _ordered(entries.values())
+    return {"steps": [s for s in ordered if s["action"] != "none"], "devices": ordered}
+
+
+def drivers_to_load(plan, root="/"):
+    """The vfio drivers the plan binds to that are not registered yet, sorted."""
+    return sorted({s["target"] for s in plan["steps"] if s["action"] == "bind" and not driver_loaded(s["target"], root)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying
+# ---------------------------------------------------------------------------------------------
+
+def _dev(root, address, attr):
+    return host_path(root, "/sys/bus/pci/devices/%s/%s" % (address, attr))
+
+
+def _unbind(address, driver, root):
+    write_attr(host_path(root, "%s/%s/unbind" % (PCI_DRIVERS, driver)), address)
+
+
+def _set_override(address, value, root):
+    write_attr(_dev(root, address, "driver_override"), value if value else "\n")
+
+
+def _bind(address, driver, root):
+    write_attr(host_path(root, "%s/%s/bind" % (PCI_DRIVERS, driver)), address)
+
+
+def _probe(address, root):
+    write_attr(host_path(root, DRIVERS_PROBE), address)
+
+
+def _expect_driver(address, expected, root, timeout):
+    found = wait_until(lambda: current_driver(address, root) == expected, timeout)
+    if not found:
+        raise VfioError("%s is bound to %s after the change, not %s"
+                        % (address, driver_label(current_driver(address, root)), driver_label(expected)))
+
+
+def bind_one(step, root="/", timeout=10):
+    """Unbind (if bound), set ``driver_override``, bind to the target, and verify by reading back."""
+    addr = step["address"]
+    target = step["target"]
+    driver = current_driver(addr, root)
+    if driver is not None and driver != target:
+        _unbind(addr, driver, root)
+    _set_override(addr, target, root)
+    if current_driver(addr, root) != target:
+        _bind(addr, target, root)
+    _expect_driver(addr, target, root, timeout)
+    group = step["state"]["group"]
+    if group is not None:
+        node = host_path(root, vfio_group_node(group))
+        if not wait_until(lambda: os.path.exists(node), timeout):
+            raise VfioError("%s is bound to %s but %s did not appear" % (addr, target, vfio_group_node(group)))
+
+
+def restore_one(step, root="/", timeout=10):
+    """Give a function back to its recorded driver (or let the kernel probe one) and verify."""
+    addr = step["address"]
+    driver = current_driver(addr, root)
+    if driver is not None and is_vfio_driver(driver):
+        _unbind(addr, driver, root)
+    _set_override(addr, step.get("restore_override"), root)
+    wanted = step["restore_to"]
+    if current_driver(addr, root) is None:
+        if wanted is not None and driver_loaded(wanted, root):
+            _bind(addr, wanted, root)
+        elif wanted is not None or step.get("probe"):
+            _probe(addr, root)
+    if wanted is not None:
+        _expect_driver(addr, wanted, root, timeout)
+    elif is_vfio_driver(current_driver(addr, root)):
+        raise VfioError("%s is still bound to %s after the change" % (addr, current_driver(addr, root)))
+
+
+def undo_one(step, root="/", timeout=10):
+    """Put a function back on the driver and ``driver_override`` it had before this run; return the driver."""
+    addr = step["address"]
+    before = step["before"]
+    driver = current_driver(addr, root)
+    if driver is not None and driver != before:
+        _unbind(addr, driver, root)
+    _set_override(addr, step["before_override"], root)
+    if before is not None and current_driver(addr, root) != before:
+        _bind(addr, before, root)
+    _expect_driver(addr, before, root, timeout)
+    return before
+
+
+def rollback(done, root="/", timeout=10):
+    """Undo ``done`` steps in reverse order, carrying on past errors; return one line per step."""
+    lines = []
+    for step in reversed(done):
+        try:
+            driver = undo_one(step, root, timeout)
+            lines.append("%s back on %s" % (step["address"], driver_label(driver)))
+        except (VfioError, SysfsError, OSError) as exc:
+            lines.append("%s NOT restored: %s" % (step["address"], getattr(exc, "msg", None) or exc))
+    return lines
+
+
+def describe_rollback(lines):
+    if not lines:
+        return "nothing had been changed"
+    return "rolled back: " + "; ".join(lines)
+
+
+def apply_steps(steps, root="/", timeout=10):
+    """Run every step in order; on a failure roll back all steps started so far and raise VfioError."""
+    done = []
+    for step in steps:
+        done.append(step)
+        try:
+            if step["action"] == "bind":
+                bind_one(step, root, timeout)
+            else:
+                restore_one(step, root, timeout)
+        except (VfioError, SysfsError, OSError) as exc:
+            what = ("binding %s to %s" % (step["address"], step["target"]) if step["action"] == "bind"
+                    else "restoring %s" % step["address"])
+            lines = rollback(done, root, timeout)
+            reason = getattr(exc, "msg", None) or str(exc)
+            raise VfioError("%s failed: %s; %s" % (what, reason, describe_rollback(lines)), rollback=lines)
+    return done

@@ -1,0 +1,552 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vfio_bind
+short_description: Bind PCI functions (by default NVIDIA GPUs) to vfio-pci for passthrough, and back
+version_added: 0.1.0
+description:
+  - With O(state=present), binds the selected PCI functions to C(vfio-pci), or to the vfio-pci variant
+    driver the kernel offers for the device (found by matching the device C(modalias) against the
+    C(alias vfio_pci:) lines of C(/lib/modules/<release>/modules.alias)), so KubeVirt or QEMU can pass them
+    through to virtual machines.
+  - Each function goes through the kernel's sequence. It is unbound from its current driver (only if
+    bound), the vfio driver is written to its C(driver_override) and its address to the driver's C(bind).
+    Then the C(driver) link is read back and C(/dev/vfio/<group>) must exist.
+  - The vfio driver's module is loaded first with C(modprobe) (nothing is unbound when that fails).
+  - Everything is checked before anything is written, and the module refuses (naming each function and
+    the reason) when a function is the boot VGA device, is bound to a driver not in O(allowed_drivers), is
+    an SR-IOV physical function with VFs enabled, offers NVIDIA vendor-specific vGPU types, has no IOMMU
+    group, is held open by a process (C(/dev/nvidiaN) for the nvidia driver, C(/dev/vfio/<group>) and the
+    VFIO device nodes for vfio drivers, C(/dev/dri) nodes for DRM drivers), or would leave its IOMMU group
+    unviable (another endpoint of the group on a host driver) without O(include_group). No process is
+    ever stopped or killed.
+  - When a function fails, every function already changed in this run is put back on its previous driver,
+    in reverse order, carrying on past errors; the failure message gives both the failure and the result
+    of the rollback.
+  - The driver each function had is recorded in C(/var/lib/gpuops/vfio_bind/<address>.json), so
+    O(state=absent) can give it back to that driver. Without a record (the function was bound by someone
+    else), O(state=absent) clears C(driver_override) and lets the kernel probe a driver
+    (C(/sys/bus/pci/drivers_probe)).
+  - With O(state=absent), restores the selected functions (and with O(include_group) the other functions
+    of their groups that are on a vfio driver) and removes this module's records and udev rules for them.
+author:
+  - gpuops.sandbox contributors (@gpuops)
+options:
+  state:
+    description:
+      - V(present) binds the selected functions to their vfio driver.
+      - V(absent) gives them back to the driver they had before (or the one the kernel probes) and removes
+        the persistence this module wrote for them.
+    type: str
+    choices: [present, absent]
+    default: present
+  addresses:
+    description:
+      - Select exactly these PCI functions, as C(DDDD:BB:SS.F) (or C(BB:SS.F) for domain C(0000)).
+      - Each must exist in C(/sys/bus/pci/devices) and resolve under C(/sys/devices).
+    type: list
+    elements: str
+  vendors:
+    description:
+      - Select functions whose vendor, or vendor and device, matches one of these, as C(VVVV) or
+        C(VVVV:DDDD) in hex (for example C(10de) or C(10de:2236)).
+      - An empty list matches every vendor.
+      - When omitted, C(10de) (NVIDIA) is used.
+    type: list
+    elements: str
+  classes:
+    description:
+      - Select functions whose PCI class starts with one of these, as 2, 4 or 6 hex digits.
+      - A function must match one of O(vendors) and one of O(classes).
+      - An empty list matches every class.
+      - When omitted, C(030000) and C(030200) are used.
+    type: list
+    elements: str
+  driver:
+    description:
+      - The vfio driver to bind to. V(auto) uses the vfio-pci variant driver whose C(alias vfio_pci:) line
+        matches the device's C(modalias) most specifically (for example C(nvgrace_gpu_vfio_pci)), and
+        C(vfio-pci) when none does.
+      - Any other value must be C(vfio-pci) or a variant driver (a name ending in C(_vfio_pci)).
+    type: str
+    default: auto
+  include_group:
+    description:
+      - Also bind the other functions of each selected function's IOMMU group (the GPU's HDMI audio, USB-C
+        controller, ...), so the group becomes viable. PCI bridges are left alone.
+      - Those functions may be on a driver in O(allowed_drivers) or O(allowed_group_drivers).
+      - With O(state=absent), also restore the other functions of the group that are on a vfio driver.
+      - When false, a group in which another endpoint is on a host driver is refused, naming it.
+    type: bool
+    default: false
+  allowed_drivers:
+    description:
+      - Drivers a selected function may be taken from; V(none) stands for a function without a driver.
+        The target vfio driver is always allowed.
+      - A function on any other driver is refused, naming that driver.
+    type: list
+    elements: str
+    default: [nvidia, nouveau, vfio-pci, none]
+  allowed_group_drivers:
+    description:
+      - With O(include_group), further drivers the other functions of the group may be taken from.
+    type: list
+    elements: str
+    default: [snd_hda_intel, xhci_hcd, nvidia-gpu, ucsi_ccg]
+  force_boot_vga:
+    description:
+      - Bind the boot VGA device (C(boot_vga) is 1) too. The host loses the console the firmware set up.
+    type: bool
+    default: false
+  persistent:
+    description:
+      - With O(state=present), also write a udev rule per function, C(/etc/udev/rules.d/61-gpuops-vfio-<address>.rules),
+        that gives it to the vfio driver again at every boot. Written only after the live change succeeded.
+      - With V(false), existing rules are left as they are. O(state=absent) always removes the rules of the
+        functions it restores.
+    type: bool
+    default: false
+  timeout:
+    description:
+      - Seconds to wait, after each bind or restore, for the C(driver) link and C(/dev/vfio/<group>) to show
+        the change.
+    type: int
+    default: 10
+notes:
+  - Root privileges are needed.
+  - Persistence is per address, through a udev rule that sets C(driver_override) when the function is added
+    at boot, loads the vfio module and has the function probed. That works whether vfio-pci is built into
+    the kernel or a module (C(options vfio-pci ids=) in modprobe.d is ignored for a built-in vfio-pci), and,
+    unlike C(vfio-pci.ids=) on the kernel command line or C(options vfio-pci ids=), it lets a second GPU of the
+    same model stay on the host driver. It needs no reboot and no initramfs rebuild, so RV(reboot_required)
+    is always false.
+  - "Ordering the host drivers after vfio-pci (C(softdep nvidia pre: vfio-pci) and C(softdep nouveau pre: vfio-pci)
+    in C(/etc/modprobe.d)) and putting the vfio modules in the initramfs is left to the roles of this collection."
+  - The selection options are those of M(gpuops.sandbox.gpu_facts) without C(include_all), as binding every
+    function of a host would take its disks and network away.
+  - Processes holding a function's device nodes are listed, never stopped. Holders of audio (C(/dev/snd))
+    nodes are not checked; the sound drivers let their functions go while in use.
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+      Nothing is written and no module is loaded; C(modprobe --dry-run) checks the vfio module exists.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+      Shows the driver of each function before and after, and the content of each record and udev rule file.
+    support: full
+  idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation
+      indicates no change.
+    support: full
+seealso:
+  - module: gpuops.sandbox.gpu_facts
+  - module: gpuops.sandbox.iommu_check
+  - module: gpuops.sandbox.sriov_vfs
+"""
+
+EXAMPLES = r"""
+- name: Bind every NVIDIA GPU and its HDMI audio to vfio-pci, and keep them there after reboots
+  gpuops.sandbox.vfio_bind:
+    include_group: true
+    persistent: true
+
+- name: Bind one A10 given by address (its group must already be viable)
+  gpuops.sandbox.vfio_bind:
+    addresses:
+      - "0000:65:00.0"
+
+- name: Bind every A10 (10de:2236) with its group, in check mode with a diff first
+  gpuops.sandbox.vfio_bind:
+    vendors:
+      - "10de:2236"
+    include_group: true
+  check_mode: true
+  diff: true
+
+- name: Bind the boot GPU of a headless host, which is on nouveau
+  gpuops.sandbox.vfio_bind:
+    addresses:
+      - "0000:01:00.0"
+    force_boot_vga: true
+    include_group: true
+
+- name: Give the GPUs and their audio functions back to their host drivers, and drop the udev rules
+  gpuops.sandbox.vfio_bind:
+    state: absent
+    include_group: true
+"""
+
+RETURN = r"""
+devices:
+  description: One entry per function considered (the selected ones, and with O(include_group) the other functions
+    of their groups), sorted by address.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - address: "0000:65:00.0"
+      vendor: "10de"
+      device: "2236"
+      class: "030200"
+      iommu_group: 12
+      role: selected
+      before: nvidia
+      after: vfio-pci
+      changed: true
+    - address: "0000:65:00.1"
+      vendor: "10de"
+      device: "1aef"
+      class: "040300"
+      iommu_group: 12
+      role: group
+      before: snd_hda_intel
+      after: vfio-pci
+      changed: true
+  contains:
+    address:
+      description: PCI address, lower case.
+      type: str
+      sample: "0000:65:00.0"
+    vendor:
+      description: Vendor ID.
+      type: str
+      sample: "10de"
+    device:
+      description: Device ID.
+      type: str
+      sample: "2236"
+    class:
+      description: PCI class code, 6 hex digits.
+      type: str
+      sample: "030200"
+    iommu_group:
+      description: IOMMU group number, or null.
+      type: int
+      sample: 12
+    role:
+      description: C(selected) when the selectors chose the function, C(group) when O(include_group) added it.
+      type: str
+      sample: selected
+    before:
+      description: Driver before the run, or null.
+      type: str
+      sample: nvidia
+    after:
+      description: Driver after the run, read back from sysfs; in check mode the driver expected (null when the kernel
+        would choose it).
+      type: str
+      sample: vfio-pci
+    changed:
+      description: Whether the function's binding changed (or would change in check mode).
+      type: bool
+      sample: true
+persistent_files:
+  description: The udev rules of the considered functions that exist after the run (or would, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: ["/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules"]
+record_files:
+  description: The records of original drivers of the considered functions that exist after the run (or would,
+    in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: ["/var/lib/gpuops/vfio_bind/0000:65:00.0.json"]
+files_changed:
+  description: Record and rule files written or removed (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: ["/var/lib/gpuops/vfio_bind/0000:65:00.0.json"]
+loaded_modules:
+  description: Kernel modules loaded with modprobe (in check mode, those that would be).
+  returned: always
+  type: list
+  elements: str
+  sample: ["vfio_pci"]
+reboot_required:
+  description: Always false; the change is live and the udev rules act at the next boot by themselves.
+  returned: always
+  type: bool
+  sample: false
+rollback:
+  description: When a change failed, one line per function put back, with the result.
+  returned: failure during the change
+  type: list
+  elements: str
+  sample: ["0000:65:00.0 back on nvidia"]
+"""
+
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import select_functions
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
+
+# The filesystem root and kernel release the module works on; unit tests point them at a fake host.
+ROOT = "/"
+RELEASE = None
+
+# Seconds modprobe may take before it is killed (coreutils timeout, when the host has it).
+MODPROBE_TIMEOUT = 60
+
+SELECTION_MUTUALLY_EXCLUSIVE = [("addresses", "vendors"), ("addresses", "classes")]
+
+
+def build_module():
+    return AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            addresses=dict(type="list", elements="str"),
+            vendors=dict(type="list", elements="str"),
+            classes=dict(type="list", elements="str"),
+            driver=dict(type="str", default="auto"),
+            include_group=dict(type="bool", default=False),
+            allowed_drivers=dict(type="list", elements="str", default=list(_vfio.DEFAULT_ALLOWED_DRIVERS)),
+            allowed_group_drivers=dict(type="list", elements="str",
+                                       default=list(_vfio.DEFAULT_ALLOWED_GROUP_DRIVERS)),
+            force_boot_vga=dict(type="bool", default=False),
+            persistent=dict(type="bool", default=False),
+            timeout=dict(type="int", default=10),
+        ),
+        mutually_exclusive=SELECTION_MUTUALLY_EXCLUSIVE,
+        supports_check_mode=True,
+    )
+
+
+def check_params(params):
+    """Checks the argument spec cannot express; raise VfioError."""
+    if params["timeout"] < 0:
+        raise _vfio.VfioError("timeout must be 0 or a positive number of seconds, got %d" % params["timeout"])
+    driver = params["driver"]
+    if driver != "auto" and (not _vfio.DRIVER_NAME_RE.match(driver) or not _vfio.is_vfio_driver(driver)):
+        raise _vfio.VfioError("driver %r is not a vfio driver; use auto, vfio-pci or a variant driver whose name "
+                              "ends in _vfio_pci (e.g. nvgrace_gpu_vfio_pci)" % (driver,))
+    _vfio.check_driver_names(params["allowed_drivers"], "allowed_drivers")
+    _vfio.check_driver_names(params["allowed_group_drivers"], "allowed_group_drivers")
+
+
+def select(params, root):
+    if params["addresses"] is not None and not params["addresses"]:
+        raise _vfio.VfioError("addresses must list at least one PCI address (omit it to select by vendors and classes)")
+    selected = select_functions(root=root, addresses=params["addresses"], vendors=params["vendors"],
+                                classes=params["classes"])
+    if not selected and params["state"] == "present":
+        raise _vfio.VfioError(
+            "no PCI function matches vendors %s and classes %s; nothing to bind"
+            % (", ".join(params["vendors"] if params["vendors"] is not None else ["10de"]) or "(any)",
+               ", ".join(params["classes"] if params["classes"] is not None else ["030000", "030200"]) or "(any)"))
+    return selected
+
+
+def plan_files(plan, params, root):
+    """Return ``[(path, old_text, new_text)]`` for the record and rule files to write (new) or remove (None)."""
+    changes = []
+    for entry in plan["devices"]:
+        addr = entry["address"]
+        record, rule = _vfio.record_path(addr), _vfio.udev_rule_path(addr)
+        old_record, old_rule = _vfio.read_text(root, record), _vfio.read_text(root, rule)
+        if params["state"] == "absent":
+            for path, old in ((record, old_record), (rule, old_rule)):
+                if old is not None:
+                    changes.append((path, old, None))
+            continue
+        if entry["action"] == "bind":
+            new_record = _vfio.record_text(entry["state"], entry["target"])
+            if new_record != old_record:
+                changes.append((record, old_record, new_record))
+        if params["persistent"]:
+            new_rule = _vfio.udev_rule_text(entry["state"], entry["target"])
+            if new_rule != old_rule:
+                changes.append((rule, old_rule, new_rule))
+    return changes
+
+
+def write_file(module, root, path, content):
+    """Write ``content`` to host ``path`` through a temp file in its directory and atomic_move; root:root 0644."""
+    dest = host_path(root, path)
+    directory = os.path.dirname(dest)
+    os.makedirs(directory, 0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".gpuops-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(content)
+        module.atomic_move(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    # atomic_move gives a new file the umask's mode; these files are root:root 0644 whatever the umask.
+    os.chmod(dest, 0o644)
+    if os.geteuid() == 0:
+        os.chown(dest, 0, 0)
+
+
+def apply_files(module, root, changes):
+    """Write or remove each file; on an error put back the ones already done and raise VfioError."""
+    done = []
+    for path, old, new in changes:
+        try:
+            if new is None:
+                os.unlink(host_path(root, path))
+            else:
+                write_file(module, root, path, new)
+            done.append((path, old))
+        except (IOError, OSError) as exc:
+            undone = []
+            for done_path, done_old in reversed(done):
+                try:
+                    if done_old is None:
+                        os.unlink(host_path(root, done_path))
+                    else:
+                        write_file(module, root, done_path, done_old)
+                except (IOError, OSError) as uexc:
+                    undone.append("%s not restored: %s" % (done_path, uexc))
+            raise _vfio.VfioError("writing %s failed: %s%s" % (path, exc, "".join("; " + u for u in undone)))
+
+
+def load_drivers(module, drivers):
+    """modprobe each vfio driver's module (``--dry-run`` in check mode); raise VfioError naming it."""
+    if not drivers:
+        return []
+    modprobe = module.get_bin_path("modprobe", required=True)
+    timeout_bin = module.get_bin_path("timeout")
+    loaded = []
+    for driver in drivers:
+        name = _vfio.module_for_driver(driver)
+        argv = [modprobe] + (["--dry-run"] if module.check_mode else []) + [name]
+        full = argv
+        if timeout_bin:
+            full = [timeout_bin, "--kill-after=10", str(MODPROBE_TIMEOUT)] + argv
+        rc, out, err = module.run_command(full, environ_update={"LC_ALL": "C"}, expand_user_and_vars=False)
+        if timeout_bin and rc in (124, 137):
+            err = "%s\n%s did not finish within %d seconds" % (err or "", " ".join(argv), MODPROBE_TIMEOUT)
+        if rc != 0:
+            raise _vfio.VfioError(
+                "kernel module %s (driver %s) cannot be loaded: %s failed (rc=%d): %s; nothing was changed"
+                % (name, driver, " ".join(argv), rc, (err.strip() or out.strip() or "no output")))
+        loaded.append(name)
+    return loaded
+
+
+def _device_lines(entries, key):
+    return "".join("%s: %s\n" % (e["address"], _vfio.driver_label(e[key])) for e in entries)
+
+
+def _expected_after(entry):
+    if entry["action"] == "bind":
+        return entry["target"]
+    if entry["action"] == "restore":
+        return entry["restore_to"]
+    return entry["before"]
+
+
+def summarize(plan, root, check_mode):
+    devices = []
+    for entry in plan["devices"]:
+        state = entry["state"]
+        after = _expected_after(entry) if check_mode else _vfio.current_driver(entry["address"], root)
+        devices.append({
+            "address": entry["address"], "vendor": state["vendor"], "device": state["device"],
+            "class": state["class"], "iommu_group": state["group"], "role": entry["role"],
+            "before": entry["before"], "after": after, "changed": entry["action"] != "none",
+        })
+    return devices
+
+
+def existing_after(plan, changes, root, path_of):
+    """Paths (from ``path_of``) of the considered functions that exist once ``changes`` are applied."""
+    final = {path: new for path, _old, new in changes}
+    paths = []
+    for entry in plan["devices"]:
+        path = path_of(entry["address"])
+        if path in final:
+            if final[path] is not None:
+                paths.append(path)
+        elif _vfio.read_text(root, path) is not None:
+            paths.append(path)
+    return paths
+
+
+def run(module, root="/", release=None):
+    """Plan, check, apply (unless check mode) and return the result dict; raises VfioError/SysfsError."""
+    params = module.params
+    check_params(params)
+    selected = select(params, root)
+    if params["state"] == "present":
+        plan = _vfio.plan_bind(selected, root=root, driver=params["driver"], include_group=params["include_group"],
+                               allowed_drivers=params["allowed_drivers"],
+                               allowed_group_drivers=params["allowed_group_drivers"],
+                               force_boot_vga=params["force_boot_vga"], release=release)
+    else:
+        plan = _vfio.plan_unbind(selected, root=root, include_group=params["include_group"])
+    changes = plan_files(plan, params, root)
+    to_load = _vfio.drivers_to_load(plan, root)
+    result = {
+        "changed": bool(plan["steps"] or changes),
+        "persistent_files": existing_after(plan, changes, root, _vfio.udev_rule_path),
+        "record_files": existing_after(plan, changes, root, _vfio.record_path),
+        "files_changed": [path for path, _old, _new in changes],
+        "loaded_modules": [],
+        "reboot_required": False,
+    }
+    if module._diff:
+        result["diff"] = [{"before_header": "drivers", "after_header": "drivers",
+                           "before": _device_lines(summarize(plan, root, True), "before"),
+                           "after": _device_lines(summarize(plan, root, True), "after")}]
+        for path, old, new in changes:
+            result["diff"].append({"before_header": path, "after_header": path,
+                                   "before": old or "", "after": new or ""})
+    result["loaded_modules"] = load_drivers(module, to_load)
+    if module.check_mode or not result["changed"]:
+        result["devices"] = summarize(plan, root, True)
+        return result
+    for driver in to_load:
+        if not _vfio.wait_until(lambda d=driver: _vfio.driver_loaded(d, root), params["timeout"]):
+            raise _vfio.VfioError("modprobe %s succeeded but /sys/bus/pci/drivers/%s did not appear; nothing was "
+                                  "changed" % (_vfio.module_for_driver(driver), driver))
+    done = _vfio.apply_steps(plan["steps"], root=root, timeout=params["timeout"])
+    try:
+        apply_files(module, root, changes)
+    except _vfio.VfioError as exc:
+        lines = _vfio.rollback(done, root, params["timeout"])
+        raise _vfio.VfioError("%s (after the drivers were changed); %s" % (exc.msg, _vfio.describe_rollback(lines)),
+                              rollback=lines)
+    result["devices"] = summarize(plan, root, False)
+    return result
+
+
+def run_module(module, root="/", release=None):
+    """Run and exit, or fail with a message naming the problem; never raises."""
+    try:
+        result = run(module, root=root, release=release)
+    except _vfio.VfioError as exc:
+        extra = {"rollback": exc.rollback} if exc.rollback else {}
+        module.fail_json(msg=exc.msg, **extra)
+        return
+    except SysfsError as exc:
+        module.fail_json(msg=exc.msg)
+        return
+    except (IOError, OSError, ValueError) as exc:
+        module.fail_json(msg="vfio_bind failed: %s" % exc)
+        return
+    module.exit_json(**result)
+
+
+def main():
+    run_module(build_module(), root=ROOT, release=RELEASE)
+
+
+if __name__ == "__main__":
+    main()

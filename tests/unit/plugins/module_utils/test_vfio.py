@@ -1,0 +1,466 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Unit tests for _vfio on fake host trees, with a small simulated kernel for the sysfs writes.
+
+``VfioKernel`` is also used by the module tests (test_vfio_bind).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+import pytest
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+
+RELEASE = "6.1.0-18-amd64"
+_BIND_RE = re.compile(r"^/sys/bus/pci/drivers/([^/]+)/(bind|unbind)$")
+
+
+class VfioKernel:
+    """Reacts to the sysfs writes of vfio binding the way the kernel does.
+
+    - ``driver_override`` stores the value (an empty line clears it to ``(null)``);
+    - ``drivers/<drv>/unbind`` and ``bind`` move the ``driver`` links; bind refuses (ENODEV) a function
+      whose override names another driver, and (EBUSY) a bound one; binding a vfio driver creates
+      ``/dev/vfio/<group>``, unbinding the last vfio function of the group removes it;
+    - ``drivers_probe`` binds the override driver, or the function's native driver (``native``);
+    - ``modprobe`` (through :meth:`run_command`) registers the driver of a known module (``modules``).
+
+    ``refuse`` maps a host path to an errno: writes to it fail with that error.
+    """
+
+    def __init__(self, tree, native=None, modules=("vfio_pci",)):
+        self.tree = tree
+        self.writes = []
+        self.commands = []
+        self.full_commands = []
+        self.refuse = {}
+        self.modules = set(modules)
+        self.native = dict(native or {})
+        for address in tree.functions:
+            driver = self.driver(address)
+            if driver and address not in self.native:
+                self.native[address] = driver
+
+    # -- helpers ---------------------------------------------------------------------------
+    def rel(self, path):
+        return "/" + os.path.relpath(path, self.tree.root)
+
+    def devdir(self, address):
+        return self.tree.functions[address]
+
+    def driver(self, address):
+        link = self.tree.path(self.devdir(address) + "/driver")
+        return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+    def override(self, address):
+        value = self.tree.read(self.devdir(address) + "/driver_override")
+        return None if value == "(null)" else value
+
+    def group(self, address):
+        link = self.tree.path(self.devdir(address) + "/iommu_group")
+        return int(os.path.basename(os.readlink(link))) if os.path.islink(link) else None
+
+    def _error(self, rel, value, code):
+        return SysfsError("writing %r to %s failed: %s" % (value, rel, os.strerror(code)), path=rel)
+
+    def _sync_vfio_node(self, group):
+        if group is None:
+            return
+        node = self.tree.path("/dev/vfio/%d" % group)
+        on_vfio = [a for a in self.tree.functions
+                   if self.group(a) == group and _vfio.is_vfio_driver(self.driver(a))]
+        if on_vfio and not os.path.exists(node):
+            self.tree.write("/dev/vfio/%d" % group, "")
+        elif not on_vfio and os.path.exists(node):
+            os.unlink(node)
+
+    def do_bind(self, address, driver, rel, value):
+        if address not in self.tree.functions:
+            raise self._error(rel, value, errno.ENODEV)
+        if not os.path.isdir(self.tree.path("/sys/bus/pci/drivers/" + driver)):
+            raise self._error(rel, value, errno.ENOENT)
+        if self.driver(address) is not None:
+            raise self._error(rel, value, errno.EBUSY)
+        override = self.override(address)
+        if override is not None and override != driver:
+            raise self._error(rel, value, errno.ENODEV)
+        self.tree.bind(address, driver)
+        self._sync_vfio_node(self.group(address))
+
+    def do_unbind(self, address, driver, rel, value):
+        if address not in self.tree.functions or self.driver(address) != driver:
+            raise self._error(rel, value, errno.ENODEV)
+        os.unlink(self.tree.path(self.devdir(address) + "/driver"))
+        os.unlink(self.tree.path("/sys/bus/pci/drivers/%s/%s" % (driver, address)))
+        self._sync_vfio_node(self.group(address))
+
+    # -- entry points ----------------------------------------------------------------------
+    def write(self, path, value):
+        rel = self.rel(path)
+        value = str(value)
+        shown = value.strip()
+        self.writes.append((rel, shown))
+        if rel in self.refuse:
+            raise self._error(rel, shown, self.refuse[rel])
+        if rel.endswith("/driver_override"):
+            with open(path, "w") as handle:
+                handle.write((shown or "(null)") + "\n")
+            return
+        if rel == "/sys/bus/pci/drivers_probe":
+            if shown not in self.tree.functions:
+                raise self._error(rel, shown, errno.ENODEV)
+            if self.driver(shown) is None:
+                wanted = self.override(shown) or self.native.get(shown)
+                if wanted and os.path.isdir(self.tree.path("/sys/bus/pci/drivers/" + wanted)):
+                    self.do_bind(shown, wanted, rel, shown)
+            return
+        match = _BIND_RE.match(rel)
+        if match:
+            if match.group(2) == "bind":
+                self.do_bind(shown, match.group(1), rel, shown)
+            else:
+                self.do_unbind(shown, match.group(1), rel, shown)
+            return
+        raise AssertionError("unexpected sysfs write %r to %s" % (shown, rel))
+
+    def run_command(self, args, **kwargs):
+        """Stand-in for AnsibleModule.run_command: only modprobe [--dry-run] <module>."""
+        self.full_commands.append(list(args))
+        if os.path.basename(args[0]) == "timeout":
+            args = args[3:]
+        self.commands.append((list(args), kwargs.get("environ_update")))
+        name = args[-1]
+        if os.path.basename(args[0]) != "modprobe":
+            raise AssertionError("unexpected command %r" % (args,))
+        canonical = name.replace("-", "_")
+        if canonical not in self.modules:
+            return 1, "", "modprobe: FATAL: Module %s not found in directory /lib/modules/%s\n" % (name, RELEASE)
+        if "--dry-run" not in args:
+            self.tree.add_driver("vfio-pci" if canonical == "vfio_pci" else canonical)
+        return 0, "", ""
+
+
+def snapshot_without(tree, *prefixes):
+    return {k: v for k, v in tree.snapshot().items() if not k.startswith(prefixes)}
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(_vfio, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(_vfio, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    return now
+
+
+@pytest.fixture
+def gpu_host(tmp_path, monkeypatch, clock):
+    tree = st.build_vfio_gpu_host(tmp_path, RELEASE)
+    kernel = VfioKernel(tree)
+    monkeypatch.setattr(_vfio, "write_attr", kernel.write)
+    return tree, kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# Variant drivers
+# ---------------------------------------------------------------------------------------------
+
+def test_parse_vfio_aliases_keeps_only_vfio_pci_lines():
+    assert _vfio.parse_vfio_aliases(st.VFIO_ALIASES_TEXT) == [
+        ("v*d*sv*sd*bc*sc*i*", "vfio_pci"),
+        ("v000010DEd00002342sv*sd*bc*sc*i*", "nvgrace_gpu_vfio_pci"),
+        ("v000015B3d0000101Esv*sd*bc*sc*i*", "mlx5_vfio_pci"),
+    ]
+
+
+def test_match_variant_prefers_the_most_specific_alias():
+    aliases = _vfio.parse_vfio_aliases(st.VFIO_ALIASES_TEXT)
+    grace = "pci:v000010DEd00002342sv000010DEsd000016EBbc03sc02i00"
+    a10 = "pci:v000010DEd00002236sv000010DEsd00001482bc03sc02i00"
+    assert _vfio.match_variant(grace, aliases) == "nvgrace_gpu_vfio_pci"
+    assert _vfio.match_variant(a10, aliases) == "vfio-pci"
+    assert _vfio.match_variant(a10, aliases[1:]) is None
+    assert _vfio.match_variant("", aliases) is None
+    assert _vfio.match_variant("acpi:PNP0A08", aliases) is None
+
+
+def test_target_driver_reads_modalias_and_modules_alias(gpu_host):
+    tree, _kernel = gpu_host
+    assert st.modalias_of(tree, st.A10) == "pci:v000010DEd00002236sv000010DEsd00001482bc03sc02i00"
+    assert _vfio.target_driver(st.A10, "auto", tree.root, RELEASE) == "vfio-pci"
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT
+                         + "alias vfio_pci:v000010DEd00002236sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci\n")
+    assert _vfio.target_driver(st.A10, "auto", tree.root, RELEASE) == "nvgrace_gpu_vfio_pci"
+    assert _vfio.target_driver(st.A10, "vfio-pci", tree.root, RELEASE) == "vfio-pci"
+    # No modules.alias for the running kernel: plain vfio-pci.
+    assert _vfio.target_driver(st.A10, "auto", tree.root, "0.0.0-none") == "vfio-pci"
+
+
+# ---------------------------------------------------------------------------------------------
+# Holders
+# ---------------------------------------------------------------------------------------------
+
+def test_nvidia_nodes_from_the_minor_or_every_node(gpu_host):
+    tree, _kernel = gpu_host
+    assert _vfio.nvidia_device_nodes(st.A10, tree.root) == ["/dev/nvidia0"]
+    assert _vfio.nvidia_device_nodes(st.A100, tree.root) == ["/dev/nvidia1"]
+    tree.write("/dev/nvidia10", "")
+    # The L40S has no information file: every GPU node counts.
+    assert _vfio.nvidia_device_nodes(st.L40S, tree.root) == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia10"]
+
+
+def test_nvidia_nodes_default_when_dev_is_empty(tmp_path):
+    tree = st.build_gpu_host(tmp_path)
+    assert _vfio.nvidia_device_nodes(st.A10, tree.root) == ["/dev/nvidia0"]
+
+
+def test_holders_problem_lists_pid_comm_and_device(tmp_path):
+    tree = st.build_vfio_gpu_host(tmp_path, RELEASE, holders=True)
+    state = _vfio.device_state(st.A10, tree.root)
+    assert _vfio.holders_problem(state, tree.root) == (
+        "0000:65:00.0 is in use (driver nvidia): pid 1234 (nvidia-persiste) holds /dev/nvidia0, "
+        "pid 2345 (nv-hostengine) holds /dev/nvidia0; stop these processes first (this module never stops "
+        "or kills anything)")
+    audio = _vfio.device_state(st.A10_AUDIO, tree.root)
+    assert _vfio.holder_paths(audio, tree.root) == []
+
+
+def test_holder_paths_of_vfio_and_drm_functions(gpu_host):
+    tree, _kernel = gpu_host
+    tree.bind(st.A10, "vfio-pci")
+    tree.mkdir(tree.functions[st.A10] + "/vfio-dev/vfio3")
+    state = _vfio.device_state(st.A10, tree.root)
+    assert _vfio.holder_paths(state, tree.root) == ["/dev/vfio/12", "/dev/vfio/devices/vfio3"]
+    tree.mkdir(tree.functions[st.BMC_VGA] + "/drm/card0")
+    tree.mkdir(tree.functions[st.BMC_VGA] + "/drm/renderD128")
+    tree.mkdir(tree.functions[st.BMC_VGA] + "/drm/ttm")
+    bmc = _vfio.device_state(st.BMC_VGA, tree.root)
+    assert _vfio.holder_paths(bmc, tree.root) == ["/dev/dri/card0", "/dev/dri/renderD128"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+def test_udev_rule_text(gpu_host):
+    tree, _kernel = gpu_host
+    state = _vfio.device_state(st.A10, tree.root)
+    assert _vfio.udev_rule_path(st.A10) == "/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules"
+    text = _vfio.udev_rule_text(state, "vfio-pci")
+    lines = text.splitlines()
+    assert lines[0].startswith("# Managed by gpuops.sandbox.vfio_bind")
+    assert lines[2] == (
+        'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="0000:65:00.0", ATTR{driver_override}="vfio-pci", '
+        'RUN+="/sbin/modprobe -q vfio_pci", RUN+="/bin/sh -c \'cd /sys/bus/pci/devices/0000:65:00.0 && '
+        'if [ -e driver ] && [ ! driver -ef /sys/bus/pci/drivers/vfio-pci ]; then echo 0000:65:00.0 > '
+        'driver/unbind; fi; echo 0000:65:00.0 > /sys/bus/pci/drivers_probe\'"')
+    assert len(lines) == 3
+    with pytest.raises(_vfio.VfioError):
+        _vfio.udev_rule_text(state, "vfio pci; rm -rf /")
+
+
+def test_records_round_trip_and_reject_junk(gpu_host):
+    tree, _kernel = gpu_host
+    state = _vfio.device_state(st.A10, tree.root)
+    tree.write(_vfio.record_path(st.A10), _vfio.record_text(state, "vfio-pci"))
+    assert _vfio.read_record(st.A10, tree.root) == {"driver": "nvidia", "driver_override": None}
+    for junk in ("not json", "[]", '{"address": "0000:65:00.1", "driver": "nvidia"}',
+                 '{"address": "0000:65:00.0", "driver": "../../x y"}'):
+        tree.write(_vfio.record_path(st.A10), junk)
+        assert _vfio.read_record(st.A10, tree.root) is None
+    tree.write(_vfio.record_path(st.A10), '{"address": "0000:65:00.0", "driver": null}')
+    assert _vfio.read_record(st.A10, tree.root) == {"driver": None, "driver_override": None}
+    assert _vfio.read_record(st.A10_AUDIO, tree.root) is None
+
+
+def test_check_driver_names():
+    assert _vfio.check_driver_names(["nvidia", "none", "i2c-nvidia_gpu.1"], "allowed_drivers")
+    with pytest.raises(_vfio.VfioError, match="allowed_drivers entry 'a b' is not a driver name"):
+        _vfio.check_driver_names(["a b"], "allowed_drivers")
+    with pytest.raises(_vfio.VfioError, match="is not a driver name"):
+        _vfio.check_driver_names([""], "allowed_group_drivers")
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+# ---------------------------------------------------------------------------------------------
+
+def test_plan_bind_with_group(gpu_host):
+    tree, kernel = gpu_host
+    before = tree.snapshot()
+    plan = _vfio.plan_bind([st.A10], tree.root, include_group=True, release=RELEASE)
+    assert [(s["address"], s["role"], s["before"], s["target"]) for s in plan["steps"]] == [
+        (st.A10, "selected", "nvidia", "vfio-pci"), (st.A10_AUDIO, "group", "snd_hda_intel", "vfio-pci")]
+    assert tree.snapshot() == before and kernel.writes == []
+    assert _vfio.drivers_to_load(plan, tree.root) == []
+
+
+def test_plan_bind_refuses_unviable_group(gpu_host):
+    tree, _kernel = gpu_host
+    with pytest.raises(_vfio.VfioError) as info:
+        _vfio.plan_bind([st.A10], tree.root, release=RELEASE)
+    assert info.value.msg == (
+        "refusing to change anything: IOMMU group 12 of 0000:65:00.0 is not viable for passthrough: "
+        "0000:65:00.1 is bound to snd_hda_intel; set include_group=true to bind the other functions of the "
+        "group too")
+
+
+def test_plan_bind_refuses_group_sibling_on_unknown_driver(gpu_host):
+    tree, _kernel = gpu_host
+    with pytest.raises(_vfio.VfioError) as info:
+        _vfio.plan_bind([st.A10], tree.root, include_group=True, allowed_group_drivers=[], release=RELEASE)
+    assert info.value.msg == (
+        "refusing to change anything: 0000:65:00.1 is bound to snd_hda_intel, which is not in allowed_drivers "
+        "or allowed_group_drivers (nvidia, nouveau, vfio-pci, none); add snd_hda_intel to "
+        "allowed_drivers or allowed_group_drivers to bind it anyway")
+
+
+def test_plan_bind_refuses_non_pci_group_member(gpu_host):
+    tree, _kernel = gpu_host
+    tree.mkdir("/sys/devices/platform/idma64.0")
+    tree.link("/sys/kernel/iommu_groups/12/devices/idma64.0", "/sys/devices/platform/idma64.0")
+    tree.add_driver("idma64")
+    tree.link("/sys/devices/platform/idma64.0/driver", "/sys/bus/pci/drivers/idma64")
+    expected = "idma64.0 in IOMMU group 12 is not a PCI function and is bound to idma64"
+    with pytest.raises(_vfio.VfioError, match=expected):
+        _vfio.plan_bind([st.A10], tree.root, include_group=True, release=RELEASE)
+
+
+def test_plan_bind_skips_functions_already_bound(gpu_host):
+    tree, _kernel = gpu_host
+    tree.bind(st.A10, "vfio-pci")
+    tree.bind(st.A10_AUDIO, "vfio-pci")
+    plan = _vfio.plan_bind([st.A10], tree.root, include_group=True, release=RELEASE)
+    assert plan["steps"] == [] and [d["action"] for d in plan["devices"]] == ["none", "none"]
+
+
+def test_plan_bind_refuses_function_without_group(tmp_path, clock):
+    tree = st.build_gpu_host(tmp_path, iommu=False)
+    with pytest.raises(_vfio.VfioError) as info:
+        _vfio.plan_bind([st.A10], tree.root, release=RELEASE)
+    assert info.value.msg == (
+        "refusing to change anything: 0000:65:00.0 has no IOMMU group: the IOMMU is off, so vfio-pci could not "
+        "give it to a VM; enable VT-d/AMD-Vi and boot with intel_iommu=on or amd_iommu=on (see "
+        "gpuops.sandbox.iommu_check)")
+
+
+def test_plan_bind_refuses_bridge_and_vendor_vgpu_vf(gpu_host):
+    tree, _kernel = gpu_host
+    with pytest.raises(_vfio.VfioError) as info:
+        _vfio.plan_bind([st.A10_PORT, st.L40S_VFS[0]], tree.root, release=RELEASE)
+    assert info.value.msg == (
+        "refusing to change anything: 0000:64:00.0 is a PCI bridge (class 060400); bridges are never bound to a "
+        "vfio driver; 0000:cb:00.4 offers NVIDIA vendor-specific vGPU types (nvidia/creatable_vgpu_types); its "
+        "vGPUs are created with gpuops.sandbox.mdev_create, never by binding it to vfio-pci")
+
+
+def test_plan_unbind_uses_record_and_group(gpu_host):
+    tree, _kernel = gpu_host
+    tree.write(_vfio.record_path(st.A10), _vfio.record_text(_vfio.device_state(st.A10, tree.root), "vfio-pci"))
+    tree.bind(st.A10, "vfio-pci")
+    tree.bind(st.A10_AUDIO, "vfio-pci")
+    plan = _vfio.plan_unbind([st.A10], tree.root, include_group=True)
+    assert [(s["address"], s["restore_to"], s["probe"]) for s in plan["steps"]] == [
+        (st.A10, "nvidia", False), (st.A10_AUDIO, None, True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying and rolling back
+# ---------------------------------------------------------------------------------------------
+
+def test_apply_binds_and_restores(gpu_host):
+    tree, kernel = gpu_host
+    plan = _vfio.plan_bind([st.A10], tree.root, include_group=True, release=RELEASE)
+    _vfio.apply_steps(plan["steps"], tree.root, timeout=1)
+    assert kernel.driver(st.A10) == "vfio-pci" and kernel.driver(st.A10_AUDIO) == "vfio-pci"
+    assert kernel.override(st.A10) == "vfio-pci"
+    assert os.path.exists(tree.path("/dev/vfio/12"))
+    assert kernel.writes[:3] == [
+        ("/sys/bus/pci/drivers/nvidia/unbind", st.A10),
+        ("/sys/bus/pci/devices/0000:65:00.0/driver_override", "vfio-pci"),
+        ("/sys/bus/pci/drivers/vfio-pci/bind", st.A10),
+    ]
+    for step in plan["steps"]:
+        tree.write(_vfio.record_path(step["address"]), _vfio.record_text(step["state"], "vfio-pci"))
+    back = _vfio.plan_unbind([st.A10], tree.root, include_group=True)
+    _vfio.apply_steps(back["steps"], tree.root, timeout=1)
+    assert kernel.driver(st.A10) == "nvidia" and kernel.driver(st.A10_AUDIO) == "snd_hda_intel"
+    assert kernel.override(st.A10) is None and kernel.override(st.A10_AUDIO) is None
+    assert not os.path.exists(tree.path("/dev/vfio/12"))
+
+
+def test_bind_failure_rolls_back_every_function_in_reverse(gpu_host):
+    tree, kernel = gpu_host
+    before = snapshot_without(tree)
+    kernel.refuse["/sys/bus/pci/drivers/vfio-pci/bind"] = errno.EINVAL
+    plan = _vfio.plan_bind([st.A10], tree.root, include_group=True, release=RELEASE)
+    with pytest.raises(_vfio.VfioError) as info:
+        _vfio.apply_steps(plan["steps"], tree.root, timeout=1)
+    assert info.value.msg == (
+        "binding 0000:65:00.0 to vfio-pci failed: writing '0000:65:00.0' to /sys/bus/pci/drivers/vfio-pci/bind "
+        "failed: Invalid argument; rolled back: 0000:65:00.0 back on nvidia")
+    assert kernel.driver(st.A10) == "nvidia" and kernel.override(st.A10) is None
+
+
+def test_second_function_failure_rolls_back_both_and_continues_past_errors(gpu_host):
+    tree, kernel = gpu_host
+    plan = _vfio.plan_bind([st.A10], tree.root, include_group=True, release=RELEASE)
+    # The audio function refuses vfio-pci's bind; putting the A10 back on nvidia fails too.
+    real_bind = kernel.do_bind
+
+    def picky_bind(address, driver, rel, value):
+        if address == st.A10_AUDIO and driver == "vfio-pci":
+            raise kernel._error(rel, value, errno.ENODEV)
+        if address == st.A10 and driver == "nvidia":
+            raise kernel._error(rel, value, errno.EIO)
+        return real_bind(address, driver, rel, value)
+
+    kernel.do_bind = picky_bind
+    with pytest.raises(_vfio.VfioError) as info:
+        _vfio.apply_steps(plan["steps"], tree.root, timeout=1)
+    assert info.value.msg == (
+        "binding 0000:65:00.1 to vfio-pci failed: writing '0000:65:00.1' to /sys/bus/pci/drivers/vfio-pci/bind "
+        "failed: No such device; rolled back: 0000:65:00.1 back on snd_hda_intel; 0000:65:00.0 NOT restored: "
+        "writing '0000:65:00.0' to /sys/bus/pci/drivers/nvidia/bind failed: Input/output error")
+    assert info.value.rollback == [
+        "0000:65:00.1 back on snd_hda_intel",
+        "0000:65:00.0 NOT restored: writing '0000:65:00.0' to /sys/bus/pci/drivers/nvidia/bind failed: "
+        "Input/output error"]
+    assert kernel.driver(st.A10_AUDIO) == "snd_hda_intel"
+    assert kernel.override(st.A10) is None and kernel.override(st.A10_AUDIO) is None
+
+
+def test_verification_failure_is_reported(gpu_host, clock):
+    tree, kernel = gpu_host
+    plan = _vfio.plan_bind([st.A10], tree.root, include_group=True, release=RELEASE)
+    # The kernel accepts the bind but the function stays unbound (a probe failure).
+    kernel.do_bind = lambda address, driver, rel, value: None
+    with pytest.raises(_vfio.VfioError) as info:
+        _vfio.apply_steps(plan["steps"], tree.root, timeout=2)
+    assert info.value.msg.startswith("binding 0000:65:00.0 to vfio-pci failed: 0000:65:00.0 is bound to none "
+                                     "after the change, not vfio-pci; rolled back: 0000:65:00.0 NOT restored")
+    assert clock[0] >= 2
+
+
+def test_restore_without_record_probes(gpu_host):
+    tree, kernel = gpu_host
+    kernel.do_unbind(st.A10_AUDIO, "snd_hda_intel", "x", "x")
+    kernel.write(tree.path("/sys/bus/pci/devices/%s/driver_override" % st.A10_AUDIO), "vfio-pci")
+    kernel.do_bind(st.A10_AUDIO, "vfio-pci", "x", "x")
+    plan = _vfio.plan_unbind([st.A10_AUDIO], tree.root)
+    kernel.writes.clear()
+    _vfio.apply_steps(plan["steps"], tree.root, timeout=1)
+    assert kernel.writes == [
+        ("/sys/bus/pci/drivers/vfio-pci/unbind", st.A10_AUDIO),
+        ("/sys/bus/pci/devices/0000:65:00.1/driver_override", ""),
+        ("/sys/bus/pci/drivers_probe", st.A10_AUDIO),
+    ]
+    assert kernel.driver(st.A10_AUDIO) == "snd_hda_intel"

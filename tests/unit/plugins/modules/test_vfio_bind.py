@@ -1,0 +1,474 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Module tests for vfio_bind on fake hosts shaped like real ones, with a simulated kernel (VfioKernel)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from ansible.module_utils import basic
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
+from ansible_collections.gpuops.sandbox.plugins.modules import vfio_bind
+from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_vfio import RELEASE, VfioKernel
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
+
+A10_RULE = "/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules"
+AUDIO_RULE = "/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.1.rules"
+A10_RECORD = "/var/lib/gpuops/vfio_bind/0000:65:00.0.json"
+AUDIO_RECORD = "/var/lib/gpuops/vfio_bind/0000:65:00.1.json"
+LAB_EDU = "0000:01:00.0"
+LAB_EDU_GROUPED = "0000:00:03.0"
+LAB_HDA = "0000:00:03.1"
+LAB_VGA = "0000:00:01.0"
+LAB_ARGS = {"vendors": ["1234:11e8"], "classes": ["00ff00"]}
+
+
+@pytest.fixture(autouse=True)
+def fast_clock(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(_vfio, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(_vfio, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+
+
+def make_host(monkeypatch, tree, **kwargs):
+    kernel = VfioKernel(tree, **kwargs)
+    monkeypatch.setattr(_vfio, "write_attr", kernel.write)
+    return tree, kernel
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    return make_host(monkeypatch, st.build_vfio_gpu_host(tmp_path, RELEASE))
+
+
+@pytest.fixture
+def busy_host(tmp_path, monkeypatch):
+    return make_host(monkeypatch, st.build_vfio_gpu_host(tmp_path, RELEASE, holders=True))
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    return make_host(monkeypatch, st.build_vfio_lab_host(tmp_path, RELEASE))
+
+
+def run(monkeypatch, host_pair, args, check=False, diff=False):
+    tree, kernel = host_pair
+    full = dict(args)
+    full["_ansible_check_mode"] = check
+    full["_ansible_diff"] = diff
+    with monkeypatch.context() as patch:
+        patch.setattr(basic.AnsibleModule, "run_command", lambda self, argv, **kw: kernel.run_command(argv, **kw))
+        patch.setattr(basic.AnsibleModule, "get_bin_path",
+                      lambda self, name, required=False, opt_dirs=None: "/usr/sbin/" + name)
+        return call(monkeypatch, lambda: vfio_bind.run_module(vfio_bind.build_module(), root=tree.root,
+                                                              release=RELEASE), full)
+
+
+def assert_refused(monkeypatch, host_pair, args, msg):
+    """The module fails with exactly ``msg`` and neither the tree nor the kernel saw a write."""
+    tree, kernel = host_pair
+    before = tree.snapshot()
+    for check in (True, False):
+        kind, result = run(monkeypatch, host_pair, args, check=check)
+        assert kind == "fail", result
+        assert result["msg"] == msg
+    assert tree.snapshot() == before
+    assert kernel.writes == []
+    assert [argv for argv, _env in kernel.commands if "--dry-run" not in argv] == []
+
+
+def drivers(kernel, *addresses):
+    return [kernel.driver(a) for a in addresses]
+
+
+# ---------------------------------------------------------------------------------------------
+# The normal sequence
+# ---------------------------------------------------------------------------------------------
+
+def test_check_run_check_run_then_absent(monkeypatch, host):
+    tree, kernel = host
+    args = {"include_group": True, "addresses": [st.A10], "persistent": True}
+    before = tree.snapshot()
+    kind, result = run(monkeypatch, host, args, check=True, diff=True)
+    assert kind == "exit" and result["changed"] is True
+    assert tree.snapshot() == before and kernel.writes == []
+    assert [(d["address"], d["role"], d["before"], d["after"], d["changed"]) for d in result["devices"]] == [
+        (st.A10, "selected", "nvidia", "vfio-pci", True), (st.A10_AUDIO, "group", "snd_hda_intel", "vfio-pci", True)]
+    assert result["diff"][0] == {
+        "before_header": "drivers", "after_header": "drivers",
+        "before": "0000:65:00.0: nvidia\n0000:65:00.1: snd_hda_intel\n",
+        "after": "0000:65:00.0: vfio-pci\n0000:65:00.1: vfio-pci\n"}
+    assert [d["after_header"] for d in result["diff"][1:]] == [A10_RECORD, A10_RULE, AUDIO_RECORD, AUDIO_RULE]
+    assert result["diff"][2]["before"] == "" and 'KERNEL=="0000:65:00.0"' in result["diff"][2]["after"]
+    assert result["persistent_files"] == [A10_RULE, AUDIO_RULE]
+    assert result["reboot_required"] is False
+
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "exit" and result["changed"] is True
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["vfio-pci", "vfio-pci"]
+    assert [(d["before"], d["after"]) for d in result["devices"]] == [("nvidia", "vfio-pci"),
+                                                                      ("snd_hda_intel", "vfio-pci")]
+    assert os.path.exists(tree.path("/dev/vfio/12"))
+    assert result["files_changed"] == [A10_RECORD, A10_RULE, AUDIO_RECORD, AUDIO_RULE]
+    for path in result["files_changed"]:
+        assert stat.S_IMODE(os.stat(tree.path(path)).st_mode) == 0o644
+    assert json.loads(tree.read(A10_RECORD))["driver"] == "nvidia"
+    assert json.loads(tree.read(AUDIO_RECORD))["driver"] == "snd_hda_intel"
+    assert [name for name in os.listdir(tree.path("/etc/udev/rules.d")) if name.startswith(".")] == []
+
+    kernel.writes.clear()
+    after_first = tree.snapshot()
+    for check in (True, False):
+        kind, result = run(monkeypatch, host, args, check=check)
+        assert kind == "exit" and result["changed"] is False
+        assert [d["changed"] for d in result["devices"]] == [False, False]
+    assert kernel.writes == [] and tree.snapshot() == after_first
+
+    absent = {"state": "absent", "addresses": [st.A10], "include_group": True}
+    kind, result = run(monkeypatch, host, absent, check=True)
+    assert kind == "exit" and result["changed"] is True and kernel.writes == []
+    assert [(d["before"], d["after"]) for d in result["devices"]] == [("vfio-pci", "nvidia"),
+                                                                      ("vfio-pci", "snd_hda_intel")]
+    kind, result = run(monkeypatch, host, absent)
+    assert kind == "exit" and result["changed"] is True
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["nvidia", "snd_hda_intel"]
+    assert [kernel.override(a) for a in (st.A10, st.A10_AUDIO)] == [None, None]
+    assert result["persistent_files"] == [] and result["record_files"] == []
+    for path in (A10_RULE, AUDIO_RULE, A10_RECORD, AUDIO_RECORD):
+        assert not os.path.exists(tree.path(path))
+    assert not os.path.exists(tree.path("/dev/vfio/12"))
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, host, absent)
+    assert kind == "exit" and result["changed"] is False and kernel.writes == []
+
+
+def test_defaults_select_the_nvidia_gpus(monkeypatch, host):
+    _tree, _kernel = host
+    kind, result = run(monkeypatch, host, {"include_group": True}, check=True)
+    # The A100 PF has VFs and the L40S VFs use the vendor vGPU interface: refused, all at once.
+    assert kind == "fail"
+    assert "0000:b1:00.0 is an SR-IOV physical function with 2 VFs enabled" in result["msg"]
+    assert "0000:cb:00.4 offers NVIDIA vendor-specific vGPU types" in result["msg"]
+
+
+def test_not_persistent_leaves_rules_alone_and_absent_without_record_probes(monkeypatch, host):
+    tree, kernel = host
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10, st.A10_AUDIO],
+                                           "allowed_drivers": ["nvidia", "snd_hda_intel"]})
+    assert kind == "exit" and result["changed"] and result["persistent_files"] == []
+    assert result["record_files"] == [A10_RECORD, AUDIO_RECORD]
+    os.unlink(tree.path(AUDIO_RECORD))
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10_AUDIO], "state": "absent"})
+    assert kind == "exit" and result["changed"]
+    assert ("/sys/bus/pci/drivers_probe", st.A10_AUDIO) in kernel.writes
+    assert kernel.driver(st.A10_AUDIO) == "snd_hda_intel"
+
+
+def test_absent_after_reboot_removes_stale_files_only(monkeypatch, host):
+    tree, kernel = host
+    run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "persistent": True})
+    # A reboot without the rules taking effect: both functions are back on their host drivers.
+    for address, driver in ((st.A10, "nvidia"), (st.A10_AUDIO, "snd_hda_intel")):
+        kernel.do_unbind(address, "vfio-pci", "x", "x")
+        kernel.write(tree.path("/sys/bus/pci/devices/%s/driver_override" % address), "\n")
+        kernel.do_bind(address, driver, "x", "x")
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "state": "absent"})
+    assert kind == "exit" and result["changed"] is True
+    assert kernel.writes == []
+    assert result["files_changed"] == [A10_RECORD, A10_RULE, AUDIO_RECORD, AUDIO_RULE]
+
+
+def test_variant_driver_is_loaded_and_used(monkeypatch, tmp_path):
+    tree = st.build_vfio_gpu_host(tmp_path, RELEASE)
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT
+                         + "alias vfio_pci:v000010DEd00002236sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci\n")
+    pair = make_host(monkeypatch, tree, modules=("vfio_pci", "nvgrace_gpu_vfio_pci"))
+    kernel = pair[1]
+    kind, result = run(monkeypatch, pair, {"addresses": [st.A10], "include_group": True}, check=True)
+    assert kind == "exit" and result["loaded_modules"] == ["nvgrace_gpu_vfio_pci"]
+    assert [argv for argv, _env in kernel.commands] == [["/usr/sbin/modprobe", "--dry-run", "nvgrace_gpu_vfio_pci"]]
+    assert not os.path.isdir(tree.path("/sys/bus/pci/drivers/nvgrace_gpu_vfio_pci"))
+    kind, result = run(monkeypatch, pair, {"addresses": [st.A10], "include_group": True})
+    assert kind == "exit", result
+    assert kernel.commands[-1] == (["/usr/sbin/modprobe", "nvgrace_gpu_vfio_pci"], {"LC_ALL": "C"})
+    assert kernel.full_commands[-1] == ["/usr/sbin/timeout", "--kill-after=10", "60", "/usr/sbin/modprobe",
+                                        "nvgrace_gpu_vfio_pci"]
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["nvgrace_gpu_vfio_pci", "vfio-pci"]
+
+
+def test_lab_sequence_like_the_integration_target(monkeypatch, lab):
+    tree, kernel = lab
+    lone = {"addresses": [LAB_EDU]}
+    kind, result = run(monkeypatch, lab, lone, check=True)
+    assert kind == "exit" and result["changed"] and result["loaded_modules"] == ["vfio_pci"]
+    assert not os.path.isdir(tree.path("/sys/bus/pci/drivers/vfio-pci"))
+    kind, result = run(monkeypatch, lab, lone)
+    assert kind == "exit" and result["changed"] and kernel.driver(LAB_EDU) == "vfio-pci"
+    assert os.path.exists(tree.path("/dev/vfio/5"))
+    for check in (True, False):
+        kind, result = run(monkeypatch, lab, lone, check=check)
+        assert kind == "exit" and not result["changed"]
+    # Selecting both edu functions by vendor and class: the grouped one has the HDA beside it.
+    kind, result = run(monkeypatch, lab, LAB_ARGS)
+    assert kind == "fail" and result["msg"] == (
+        "refusing to change anything: IOMMU group 3 of 0000:00:03.0 is not viable for passthrough: 0000:00:03.1 is "
+        "bound to snd_hda_intel; set include_group=true to bind the other functions of the group too")
+    kind, result = run(monkeypatch, lab, dict(LAB_ARGS, include_group=True))
+    assert kind == "exit" and result["changed"]
+    assert drivers(kernel, LAB_EDU, LAB_EDU_GROUPED, LAB_HDA) == ["vfio-pci"] * 3
+    # A process holds the group open: absent refuses, naming it.
+    tree.add_process(4242, "python3", {3: "/dev/vfio/3"})
+    absent = dict(LAB_ARGS, state="absent", include_group=True)
+    before = tree.snapshot()
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, lab, absent)
+    assert kind == "fail" and result["msg"] == (
+        "refusing to change anything: 0000:00:03.0 is in use (driver vfio-pci): pid 4242 (python3) holds /dev/vfio/3; "
+        "stop these processes first (this module never stops or kills anything); 0000:00:03.1 is in use (driver "
+        "vfio-pci): pid 4242 (python3) holds /dev/vfio/3; stop these processes first (this module never stops or "
+        "kills anything)")
+    assert tree.snapshot() == before and kernel.writes == []
+    st.remove_process(tree, 4242)
+    kind, result = run(monkeypatch, lab, absent)
+    assert kind == "exit" and result["changed"]
+    assert drivers(kernel, LAB_EDU, LAB_EDU_GROUPED, LAB_HDA) == [None, None, "snd_hda_intel"]
+    kind, result = run(monkeypatch, lab, absent)
+    assert kind == "exit" and not result["changed"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals (RELIABILITY cases 1, 2, 7-11): exact message, nothing written
+# ---------------------------------------------------------------------------------------------
+
+def test_bad_address(monkeypatch, host):
+    assert_refused(monkeypatch, host, {"addresses": ["0000:65:00.9"]},
+                   "PCI address '0000:65:00.9' is not valid; expected DDDD:BB:SS.F (hex domain, bus, slot, "
+                   "function 0-7), e.g. 0000:65:00.0")
+
+
+def test_missing_address(monkeypatch, host):
+    assert_refused(monkeypatch, host, {"addresses": ["0000:99:00.0"]},
+                   "PCI device 0000:99:00.0 does not exist on this host (no /sys/bus/pci/devices/0000:99:00.0)")
+
+
+def test_nothing_matches(monkeypatch, host):
+    assert_refused(monkeypatch, host, {"vendors": ["abcd"]},
+                   "no PCI function matches vendors abcd and classes 030000, 030200; nothing to bind")
+
+
+def test_vfio_pci_module_missing(monkeypatch, lab):
+    _tree, kernel = lab
+    kernel.modules.clear()
+    msg_tail = ("failed (rc=1): modprobe: FATAL: Module vfio_pci not found in directory /lib/modules/%s; nothing was "
+                "changed" % RELEASE)
+    tree = lab[0]
+    before = tree.snapshot()
+    kind, result = run(monkeypatch, lab, {"addresses": [LAB_EDU]}, check=True)
+    assert kind == "fail" and result["msg"] == (
+        "kernel module vfio_pci (driver vfio-pci) cannot be loaded: /usr/sbin/modprobe --dry-run vfio_pci " + msg_tail)
+    kind, result = run(monkeypatch, lab, {"addresses": [LAB_EDU]})
+    assert kind == "fail" and result["msg"] == (
+        "kernel module vfio_pci (driver vfio-pci) cannot be loaded: /usr/sbin/modprobe vfio_pci " + msg_tail)
+    assert tree.snapshot() == before and kernel.writes == []
+    assert kernel.commands[-1] == (["/usr/sbin/modprobe", "vfio_pci"], {"LC_ALL": "C"})
+
+
+def test_holders_of_nvidia_device(monkeypatch, busy_host):
+    assert_refused(monkeypatch, busy_host, {"addresses": [st.A10], "include_group": True},
+                   "refusing to change anything: 0000:65:00.0 is in use (driver nvidia): pid 1234 (nvidia-persiste) "
+                   "holds /dev/nvidia0, pid 2345 (nv-hostengine) holds /dev/nvidia0; stop these processes first (this "
+                   "module never stops or kills anything)")
+
+
+def test_holders_of_vfio_group_on_absent(monkeypatch, busy_host):
+    tree, kernel = busy_host
+    for address in (st.A10, st.A10_AUDIO):
+        kernel.do_unbind(address, kernel.driver(address), "x", "x")
+        kernel.do_bind(address, "vfio-pci", "x", "x")
+    kernel.writes.clear()
+    assert_refused(monkeypatch, busy_host, {"addresses": [st.A10], "state": "absent"},
+                   "refusing to change anything: 0000:65:00.0 is in use (driver vfio-pci): pid 3456 (qemu-kvm) holds "
+                   "/dev/vfio/12; stop these processes first (this module never stops or kills anything)")
+
+
+def test_unviable_group_without_include_group(monkeypatch, host):
+    assert_refused(monkeypatch, host, {"addresses": [st.A10]},
+                   "refusing to change anything: IOMMU group 12 of 0000:65:00.0 is not viable for passthrough: "
+                   "0000:65:00.1 is bound to snd_hda_intel; set include_group=true to bind the other functions of the "
+                   "group too")
+
+
+def test_boot_vga_protected_unless_forced(monkeypatch, host):
+    tree, kernel = host
+    tree.write(tree.functions[st.A10] + "/boot_vga", "1\n")
+    args = {"addresses": [st.A10], "include_group": True}
+    assert_refused(monkeypatch, host, args,
+                   "refusing to change anything: 0000:65:00.0 is the boot VGA device (the console the firmware set "
+                   "up); set force_boot_vga=true to bind it anyway")
+    kind, result = run(monkeypatch, host, dict(args, force_boot_vga=True))
+    assert kind == "exit" and result["changed"] and kernel.driver(st.A10) == "vfio-pci"
+
+
+def test_unexpected_current_driver(monkeypatch, host):
+    tree, kernel = host
+    args = {"addresses": [st.BMC_VGA], "force_boot_vga": True}
+    assert_refused(monkeypatch, host, args,
+                   "refusing to change anything: 0000:02:00.0 is bound to ast, which is not in allowed_drivers "
+                   "(nvidia, nouveau, vfio-pci, none); add ast to allowed_drivers to bind it anyway")
+    assert_refused(monkeypatch, host, {"addresses": [st.BMC_VGA]},
+                   "refusing to change anything: 0000:02:00.0 is the boot VGA device (the console the firmware set "
+                   "up); set force_boot_vga=true to bind it anyway; 0000:02:00.0 is bound to ast, which is not in "
+                   "allowed_drivers (nvidia, nouveau, vfio-pci, none); add ast to allowed_drivers to bind it "
+                   "anyway")
+    kind, result = run(monkeypatch, host, dict(args, allowed_drivers=["ast"]))
+    assert kind == "exit" and kernel.driver(st.BMC_VGA) == "vfio-pci"
+    assert tree.read(tree.functions[st.BMC_VGA] + "/driver_override") == "vfio-pci"
+
+
+def test_pf_with_vfs(monkeypatch, busy_host):
+    assert_refused(monkeypatch, busy_host, {"addresses": [st.A100]},
+                   "refusing to change anything: 0000:b1:00.0 is an SR-IOV physical function with 2 VFs enabled; a PF "
+                   "with VFs cannot be passed through: disable them first (sriov_numvfs=0, e.g. "
+                   "gpuops.sandbox.sriov_vfs with state=absent)")
+
+
+def test_lab_boot_vga_and_nvme_pf(monkeypatch, lab):
+    assert_refused(monkeypatch, lab, {"addresses": ["0000:02:00.0"]},
+                   "refusing to change anything: 0000:02:00.0 is bound to nvme, which is not in allowed_drivers "
+                   "(nvidia, nouveau, vfio-pci, none); add nvme to allowed_drivers to bind it anyway")
+    assert_refused(monkeypatch, lab, {"addresses": [LAB_VGA]},
+                   "refusing to change anything: 0000:00:01.0 is the boot VGA device (the console the firmware set "
+                   "up); set force_boot_vga=true to bind it anyway; 0000:00:01.0 is bound to bochs-drm, which is not "
+                   "in allowed_drivers (nvidia, nouveau, vfio-pci, none); add bochs-drm to allowed_drivers "
+                   "to bind it anyway")
+
+
+@pytest.mark.parametrize("args, msg", [
+    ({"addresses": [st.A10], "timeout": -1}, "timeout must be 0 or a positive number of seconds, got -1"),
+    ({"addresses": [st.A10], "driver": "nvidia"},
+     "driver 'nvidia' is not a vfio driver; use auto, vfio-pci or a variant driver whose name ends in _vfio_pci "
+     "(e.g. nvgrace_gpu_vfio_pci)"),
+    ({"addresses": [st.A10], "allowed_drivers": ["nvidia", "$(reboot)"]},
+     "allowed_drivers entry '$(reboot)' is not a driver name (letters, digits, '_', '-', '.'; e.g. nvidia, or none "
+     "for a function without a driver)"),
+    ({"addresses": [st.A10], "vendors": ["10de"]}, "parameters are mutually exclusive: addresses|vendors"),
+    ({"state": "bound"}, "value of state must be one of: present, absent, got: bound"),
+    ({"addresses": []}, "addresses must list at least one PCI address (omit it to select by vendors and classes)"),
+])
+def test_argument_errors(monkeypatch, host, args, msg):
+    assert_refused(monkeypatch, host, args, msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures while changing (RELIABILITY cases 15, 16, 18, 19)
+# ---------------------------------------------------------------------------------------------
+
+def test_bind_failure_rolls_back_all_functions(monkeypatch, host):
+    tree, kernel = host
+    before = tree.snapshot()
+    real_bind = kernel.do_bind
+
+    def refuse_audio(address, driver, rel, value):
+        if address == st.A10_AUDIO and driver == "vfio-pci":
+            raise kernel._error(rel, value, errno.ENODEV)
+        return real_bind(address, driver, rel, value)
+
+    kernel.do_bind = refuse_audio
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "persistent": True})
+    assert kind == "fail"
+    assert result["msg"] == (
+        "binding 0000:65:00.1 to vfio-pci failed: writing '0000:65:00.1' to /sys/bus/pci/drivers/vfio-pci/bind failed: "
+        "No such device; rolled back: 0000:65:00.1 back on snd_hda_intel; 0000:65:00.0 back on nvidia")
+    assert result["rollback"] == ["0000:65:00.1 back on snd_hda_intel", "0000:65:00.0 back on nvidia"]
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["nvidia", "snd_hda_intel"]
+    # Sysfs is back as it was (driver_override "(null)" again) and no record or rule was written.
+    assert tree.snapshot().keys() == before.keys()
+    assert not os.path.exists(tree.path("/etc/udev")) and not os.path.exists(tree.path("/var/lib/gpuops"))
+    assert kernel.writes[-2:] == [("/sys/bus/pci/devices/0000:65:00.0/driver_override", ""),
+                                  ("/sys/bus/pci/drivers/nvidia/bind", st.A10)]
+
+
+def test_file_write_failure_rolls_back_the_live_change(monkeypatch, host):
+    tree, kernel = host
+    real = vfio_bind.write_file
+
+    def failing(module, root, path, content):
+        if path == AUDIO_RULE:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(module, root, path, content)
+
+    monkeypatch.setattr(vfio_bind, "write_file", failing)
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "persistent": True})
+    assert kind == "fail"
+    assert result["msg"] == (
+        "writing %s failed: [Errno 28] No space left on device (after the drivers were changed); rolled back: "
+        "0000:65:00.1 back on snd_hda_intel; 0000:65:00.0 back on nvidia" % AUDIO_RULE)
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["nvidia", "snd_hda_intel"]
+    for path in (A10_RECORD, A10_RULE, AUDIO_RECORD, AUDIO_RULE):
+        assert not os.path.exists(tree.path(path))
+
+
+def test_restore_failure_rolls_back_to_vfio(monkeypatch, host):
+    tree, kernel = host
+    run(monkeypatch, host, {"addresses": [st.A10], "include_group": True})
+    kernel.refuse["/sys/bus/pci/drivers/snd_hda_intel/bind"] = errno.EIO
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "state": "absent"})
+    assert kind == "fail"
+    assert result["msg"] == (
+        "restoring 0000:65:00.1 failed: writing '0000:65:00.1' to /sys/bus/pci/drivers/snd_hda_intel/bind failed: "
+        "Input/output error; rolled back: 0000:65:00.1 back on vfio-pci; 0000:65:00.0 back on vfio-pci")
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["vfio-pci", "vfio-pci"]
+    assert os.path.exists(tree.path(A10_RECORD)) and os.path.exists(tree.path(AUDIO_RECORD))
+
+
+def test_missing_vfio_group_node_is_a_failure(monkeypatch, host):
+    _tree, kernel = host
+    real = kernel._sync_vfio_node
+    kernel._sync_vfio_node = lambda group: None
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "timeout": 1})
+    assert kind == "fail"
+    assert result["msg"] == (
+        "binding 0000:65:00.0 to vfio-pci failed: 0000:65:00.0 is bound to vfio-pci but /dev/vfio/12 did not appear; "
+        "rolled back: 0000:65:00.0 back on nvidia")
+    kernel._sync_vfio_node = real
+    assert kernel.driver(st.A10) == "nvidia"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing: whatever the arguments, a clean exit_json or fail_json
+# ---------------------------------------------------------------------------------------------
+
+_SAMPLES = [st.A10, st.A10_AUDIO, "65:00.0", "10de", "10de:2236", "0302", "none", "vfio-pci", "nvidia", "auto"]
+_text = hs.one_of(hs.text(max_size=20), hs.sampled_from(_SAMPLES))
+_value = hs.one_of(hs.none(), hs.booleans(), hs.integers(-5, 50), _text, hs.lists(_text, max_size=3),
+                   hs.dictionaries(hs.text(max_size=5), hs.integers(), max_size=2))
+_args = hs.dictionaries(hs.sampled_from(["state", "addresses", "vendors", "classes", "driver", "include_group",
+                                         "allowed_drivers", "allowed_group_drivers", "force_boot_vga", "persistent",
+                                         "timeout", "bogus"]), _value, max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=_args, check=hs.booleans())
+def test_fuzz_arguments_end_cleanly(monkeypatch, tmp_path_factory, args, check):
+    tree = st.build_vfio_gpu_host(tmp_path_factory.mktemp("fuzz"), RELEASE)
+    pair = make_host(monkeypatch, tree)
+    kind, result = run(monkeypatch, pair, args, check=check)
+    assert kind in ("exit", "fail")
+    if kind == "fail":
+        assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"]
+    else:
+        assert isinstance(result["changed"], bool) and result["reboot_required"] is False
