@@ -13,7 +13,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 LAB := $(BIN)/python lab/gpulab.py
 
 .PHONY: venv hostdeps lab lab-stop lab-status lab-reset site test lint sanity unit integration \
-	molecule bench build clean
+	molecule bench bench-modules build clean
 
 # One command creates the Python environment from nothing (re-run when requirements change).
 venv: $(VENV)/.stamp $(COLL_LINK)
@@ -61,6 +61,10 @@ integration: lab
 
 bench: venv hostdeps
 	$(BIN)/python scripts/bench.py
+
+# Wall time of each host module on a lab host, first run and no-op re-run, 1 and all stand-in devices.
+bench-modules: venv hostdeps
+	$(BIN)/python scripts/bench_modules.py
 
 build: venv
 	mkdir -p .build/dist

@@ -676,3 +676,13 @@ def find_holders(device_paths, root="/"):
                     except SysfsError:
                         comms[pid] = None
     return [{"pid": pid, "comm": comms.get(pid), "device": device} for pid, device in sorted(found)]
+
+
+# Argument spec of the selector options documented by the gpuops.sandbox.pci_selectors doc fragment.
+SELECTOR_ARGUMENT_SPEC = dict(
+    addresses=dict(type="list", elements="str"),
+    vendors=dict(type="list", elements="str"),
+    classes=dict(type="list", elements="str"),
+)
+# Addresses name the functions outright, so they exclude the other selectors.
+SELECTOR_MUTUALLY_EXCLUSIVE = [("addresses", "vendors"), ("addresses", "classes")]

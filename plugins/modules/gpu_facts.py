@@ -24,29 +24,6 @@ description:
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
-  addresses:
-    description:
-      - Select exactly these PCI functions, as C(DDDD:BB:SS.F) (or C(BB:SS.F) for domain C(0000)).
-      - Each must exist in C(/sys/bus/pci/devices) and resolve under C(/sys/devices).
-    type: list
-    elements: str
-  vendors:
-    description:
-      - Select functions whose vendor, or vendor and device, matches one of these, as C(VVVV) or
-        C(VVVV:DDDD) in hex (for example C(10de) or C(10de:2236)).
-      - An empty list matches every vendor.
-      - When omitted, C(10de) (NVIDIA) is used.
-    type: list
-    elements: str
-  classes:
-    description:
-      - Select functions whose PCI class starts with one of these, as 2, 4 or 6 hex digits (class,
-        class and subclass, or class, subclass and programming interface).
-      - A function must match one of O(vendors) and one of O(classes).
-      - An empty list matches every class.
-      - When omitted, C(030000) and C(030200) are used.
-    type: list
-    elements: str
   include_all:
     description:
       - Select every PCI function of the host.
@@ -57,6 +34,8 @@ notes:
   - The sandbox resource name is what the NVIDIA KubeVirt GPU device plugin would derive from this
     host's C(pci.ids); the plugin uses its own copy, so the names a node advertises in
     C(status.allocatable) are authoritative once the plugin runs.
+extends_documentation_fragment:
+  - gpuops.sandbox.pci_selectors
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -334,6 +313,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
+    SELECTOR_ARGUMENT_SPEC,
+    SELECTOR_MUTUALLY_EXCLUSIVE,
     describe_function,
     load_pci_ids_db,
     mdev_parents,
@@ -341,9 +322,8 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
 
-SELECTION_MUTUALLY_EXCLUSIVE = [
-    ("addresses", "vendors"),
-    ("addresses", "classes"),
+# include_all selects every function, so it excludes the other selectors too.
+SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
     ("addresses", "include_all"),
     ("include_all", "vendors"),
     ("include_all", "classes"),
@@ -354,9 +334,7 @@ def build_module():
     """Create the AnsibleModule; the argument spec does the validation it can."""
     return AnsibleModule(
         argument_spec=dict(
-            addresses=dict(type="list", elements="str"),
-            vendors=dict(type="list", elements="str"),
-            classes=dict(type="list", elements="str"),
+            **SELECTOR_ARGUMENT_SPEC,
             include_all=dict(type="bool", default=False),
         ),
         mutually_exclusive=SELECTION_MUTUALLY_EXCLUSIVE,

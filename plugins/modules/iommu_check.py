@@ -24,25 +24,6 @@ description:
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
-  addresses:
-    description:
-      - Check exactly these PCI functions, as C(DDDD:BB:SS.F) (or C(BB:SS.F) for domain C(0000)).
-    type: list
-    elements: str
-  vendors:
-    description:
-      - Check functions whose vendor, or vendor and device, matches one of these, as C(VVVV) or
-        C(VVVV:DDDD) in hex. An empty list matches every vendor.
-      - When omitted, C(10de) (NVIDIA) is used.
-    type: list
-    elements: str
-  classes:
-    description:
-      - Check functions whose PCI class starts with one of these 2, 4 or 6 hex digit prefixes. An empty
-        list matches every class.
-      - When omitted, C(030000) and C(030200) are used.
-    type: list
-    elements: str
   include_all:
     description:
       - Check every PCI function of the host.
@@ -73,6 +54,8 @@ options:
 notes:
   - O(addresses), O(include_all) and the O(vendors)/O(classes) selectors are mutually exclusive.
   - A flag on the kernel command line is reported but is not taken as proof; only IOMMU groups are.
+extends_documentation_fragment:
+  - gpuops.sandbox.pci_selectors
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -288,12 +271,17 @@ unmet:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
-from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import device_viability, read_identity, select_functions
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
+    SELECTOR_ARGUMENT_SPEC,
+    SELECTOR_MUTUALLY_EXCLUSIVE,
+    device_viability,
+    read_identity,
+    select_functions,
+)
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
 
-SELECTION_MUTUALLY_EXCLUSIVE = [
-    ("addresses", "vendors"),
-    ("addresses", "classes"),
+# include_all selects every function, so it excludes the other selectors too.
+SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
     ("addresses", "include_all"),
     ("include_all", "vendors"),
     ("include_all", "classes"),
@@ -304,9 +292,7 @@ def build_module():
     """Create the AnsibleModule; the argument spec does the validation it can."""
     return AnsibleModule(
         argument_spec=dict(
-            addresses=dict(type="list", elements="str"),
-            vendors=dict(type="list", elements="str"),
-            classes=dict(type="list", elements="str"),
+            **SELECTOR_ARGUMENT_SPEC,
             include_all=dict(type="bool", default=False),
             require_cpu_virtualization=dict(type="bool", default=False),
             require_iommu=dict(type="bool", default=False),

@@ -47,28 +47,6 @@ options:
     type: str
     choices: [present, absent]
     default: present
-  addresses:
-    description:
-      - Select exactly these PCI functions, as C(DDDD:BB:SS.F) (or C(BB:SS.F) for domain C(0000)).
-      - Each must exist in C(/sys/bus/pci/devices) and resolve under C(/sys/devices).
-    type: list
-    elements: str
-  vendors:
-    description:
-      - Select functions whose vendor, or vendor and device, matches one of these, as C(VVVV) or
-        C(VVVV:DDDD) in hex (for example C(10de) or C(10de:2236)).
-      - An empty list matches every vendor.
-      - When omitted, C(10de) (NVIDIA) is used.
-    type: list
-    elements: str
-  classes:
-    description:
-      - Select functions whose PCI class starts with one of these, as 2, 4 or 6 hex digits.
-      - A function must match one of O(vendors) and one of O(classes).
-      - An empty list matches every class.
-      - When omitted, C(030000) and C(030200) are used.
-    type: list
-    elements: str
   driver:
     description:
       - The vfio driver to bind to. V(auto) uses the vfio-pci variant driver whose C(alias vfio_pci:) line
@@ -133,6 +111,8 @@ notes:
     function of a host would take its disks and network away.
   - Processes holding a function's device nodes are listed, never stopped. Holders of audio (C(/dev/snd))
     nodes are not checked; the sound drivers let their functions go while in use.
+extends_documentation_fragment:
+  - gpuops.sandbox.pci_selectors
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -292,7 +272,11 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
-from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import select_functions
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
+    SELECTOR_ARGUMENT_SPEC,
+    SELECTOR_MUTUALLY_EXCLUSIVE,
+    select_functions,
+)
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
 
 # The filesystem root and kernel release the module works on; unit tests point them at a fake host.
@@ -302,16 +286,12 @@ RELEASE = None
 # Seconds modprobe may take before it is killed (coreutils timeout, when the host has it).
 MODPROBE_TIMEOUT = 60
 
-SELECTION_MUTUALLY_EXCLUSIVE = [("addresses", "vendors"), ("addresses", "classes")]
-
 
 def build_module():
     return AnsibleModule(
         argument_spec=dict(
             state=dict(type="str", choices=["present", "absent"], default="present"),
-            addresses=dict(type="list", elements="str"),
-            vendors=dict(type="list", elements="str"),
-            classes=dict(type="list", elements="str"),
+            **SELECTOR_ARGUMENT_SPEC,
             driver=dict(type="str", default="auto"),
             include_group=dict(type="bool", default=False),
             allowed_drivers=dict(type="list", elements="str", default=list(_vfio.DEFAULT_ALLOWED_DRIVERS)),
@@ -321,7 +301,7 @@ def build_module():
             persistent=dict(type="bool", default=False),
             timeout=dict(type="int", default=10),
         ),
-        mutually_exclusive=SELECTION_MUTUALLY_EXCLUSIVE,
+        mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
 
