@@ -250,3 +250,123 @@ def set_autoprobe(state, value):
     if (back not in ("0", "n", "N")) != bool(value):
         raise SriovError("wrote %d to sriov_drivers_autoprobe of %s but read back %r"
                          % (int(bool(value)), state["pf"], back))
+
+
+# --------------------------------------------------------------------------- VFs at boot
+
+# VFs do not survive a reboot. A PF given with persistent=true is recorded here and a oneshot unit sets
+# its VF count again at boot, before the mdev/vGPU restore unit runs (VFs are the vGPU parents on Ampere).
+DEFINITIONS_FILE = "/etc/gpuops/sriov-vfs.conf"
+RESTORE_SCRIPT = "/usr/local/libexec/gpuops-sriov-restore"
+UNIT_NAME = "gpuops-sriov-restore.service"
+UNIT_FILE = "/etc/systemd/system/" + UNIT_NAME
+WANTS_LINK = "/etc/systemd/system/multi-user.target.wants/" + UNIT_NAME
+
+DEFINITIONS_HEADER = (
+    "# Managed by gpuops.sandbox.sriov_vfs; re-applied at boot by %s.\n"
+    "# <pf-address> <numvfs> [autoprobe 0|1]\n" % UNIT_NAME)
+
+RESTORE_SCRIPT_TEXT = r"""#!/bin/sh
+# Managed by gpuops.sandbox.sriov_vfs: set the SR-IOV VF count of each recorded PF again at boot.
+# A PF whose driver is not bound yet is retried a bounded number of times; the count goes through 0.
+conf=${1:-/etc/gpuops/sriov-vfs.conf}
+tries=${GPUOPS_SRIOV_TRIES:-30}
+status=0
+pending=$(grep -Ev '^[[:space:]]*(#|$)' "$conf")
+attempt=0
+while [ -n "$pending" ]; do
+    attempt=$((attempt + 1))
+    retry=""
+    while read -r pf count autoprobe; do
+        dev=/sys/bus/pci/devices/$pf
+        if [ ! -e "$dev/sriov_numvfs" ] || [ ! -e "$dev/driver" ]; then
+            retry="$retry$pf $count $autoprobe
+"
+            continue
+        fi
+        if [ -n "$autoprobe" ]; then
+            echo "$autoprobe" > "$dev/sriov_drivers_autoprobe" || status=1
+        fi
+        current=$(cat "$dev/sriov_numvfs")
+        if [ "$current" != "$count" ]; then
+            [ "$current" = 0 ] || echo 0 > "$dev/sriov_numvfs"
+            if echo "$count" > "$dev/sriov_numvfs"; then
+                echo "ok: $pf $count VFs"
+            else
+                echo "failed: $pf $count VFs" >&2
+                status=1
+            fi
+        else
+            echo "ok: $pf already has $count VFs"
+        fi
+    done <<END
+$pending
+END
+    pending=$(printf '%s' "$retry")
+    [ -n "$pending" ] || break
+    if [ "$attempt" -ge "$tries" ]; then
+        echo "gave up after $attempt attempts; PF or its driver still missing for:" >&2
+        echo "$pending" >&2
+        status=1
+        break
+    fi
+    sleep 2
+done
+exit $status
+"""
+
+UNIT_TEXT = """[Unit]
+Description=Enable the SR-IOV virtual functions recorded by gpuops.sandbox
+ConditionPathExists=%(conf)s
+After=systemd-modules-load.service systemd-udev-settle.service nvidia-vgpud.service
+Before=gpuops-mdev-restore.service nvidia-vgpu-mgr.service libvirtd.service kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh %(script)s %(conf)s
+TimeoutStartSec=300
+
+[Install]
+WantedBy=multi-user.target
+""" % {"conf": DEFINITIONS_FILE, "script": RESTORE_SCRIPT}
+
+
+def parse_definitions(text):
+    """Return ``{pf: (count, autoprobe_or_None)}`` from a definitions file."""
+    entries = {}
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if not fields or fields[0].startswith("#") or len(fields) not in (2, 3):
+            continue
+        try:
+            count = int(fields[1])
+        except ValueError:
+            continue
+        autoprobe = None if len(fields) == 2 else fields[2] == "1"
+        entries[fields[0]] = (count, autoprobe)
+    return entries
+
+
+def render_definitions(entries):
+    lines = [DEFINITIONS_HEADER]
+    for pf in sorted(entries):
+        count, autoprobe = entries[pf]
+        line = "%s %d" % (pf, count)
+        if autoprobe is not None:
+            line += " %d" % int(autoprobe)
+        lines.append(line + "\n")
+    return "".join(lines)
+
+
+def persistence_wanted(current_text, pf, count, autoprobe):
+    """Return ``{path: text_or_None}`` of the boot files after recording ``pf`` (count 0 drops it)."""
+    entries = parse_definitions(current_text)
+    if count:
+        entries[pf] = (count, autoprobe)
+    else:
+        entries.pop(pf, None)
+    if not entries:
+        return {DEFINITIONS_FILE: None, RESTORE_SCRIPT: None, UNIT_FILE: None}
+    return {DEFINITIONS_FILE: render_definitions(entries), RESTORE_SCRIPT: RESTORE_SCRIPT_TEXT,
+            UNIT_FILE: UNIT_TEXT}

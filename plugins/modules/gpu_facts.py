@@ -17,7 +17,10 @@ description:
     node, whether it is the boot VGA device, its IOMMU group with every member of the group, whether
     the group is viable for passthrough, SR-IOV state, legacy mdev types and NVIDIA vendor-specific
     vGPU types.
-  - Also returns a summary of the IOMMU state and every mdev parent device of the host.
+  - Also returns a summary of the IOMMU state, every mdev parent device of the host, and C(gpuops_host):
+    the operating system, the running kernel, the live mediated devices, SR-IOV VF counts of the selected
+    functions, and which of this collection's boot files are on the host (what host preparation and workload
+    type switches look at).
   - By default selects NVIDIA (vendor C(10de)) display functions of class C(030000) (VGA) and
     C(030200) (3D controller).
   - Reads only; never changes anything.
@@ -307,11 +310,49 @@ ansible_facts:
       returned: success
       type: str
       sample: /usr/share/misc/pci.ids
+    gpuops_host:
+      description: The host around the GPUs.
+      returned: success
+      type: dict
+      contains:
+        os:
+          description: From C(/etc/os-release) - C(id), C(id_like) (list), C(version_id), C(major), C(codename),
+            C(pretty_name).
+          type: dict
+          sample: {"id": "debian", "id_like": [], "version_id": "12", "major": "12", "codename": "bookworm",
+                   "pretty_name": "Debian GNU/Linux 12 (bookworm)"}
+        kernel:
+          description: The running kernel release.
+          type: str
+          sample: 6.1.0-50-amd64
+        mdev_devices:
+          description: Live mediated devices, each with C(uuid), C(parent) and C(type_id).
+          type: list
+          elements: dict
+          sample: [{"uuid": "5f2a2b8e-3c2b-5a8f-9b55-3b8e0c1d2e3f", "parent": "mtty", "type_id": "mtty-1"}]
+        managed_files:
+          description:
+            - This collection's boot files present on the host, by what they do - C(kernel_cmdline), C(nouveau),
+              C(vfio_modules), C(vfio_rules), C(mdev_definitions), C(sriov_definitions).
+          type: dict
+          sample: {"nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"], "vfio_rules": []}
+        sriov:
+          description: C(numvfs) and C(totalvfs) of every SR-IOV capable function, by PCI address.
+          type: dict
+          sample: {"0000:01:00.0": {"numvfs": 4, "totalvfs": 4}}
+        sriov_recorded:
+          description: Physical functions whose VF count this collection sets again at boot.
+          type: list
+          elements: str
+          sample: ["0000:01:00.0"]
 """
+
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._mdev import list_mdev_devices
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTOR_ARGUMENT_SPEC,
     SELECTOR_MUTUALLY_EXCLUSIVE,
@@ -359,7 +400,89 @@ def gather(params, root="/"):
         "gpuops_iommu": iommu_state(root),
         "gpuops_mdev_parents": parents,
         "gpuops_pci_ids": db["path"],
+        "gpuops_host": host_summary(root),
     }
+
+
+# Boot files this collection's modules and roles write; their presence tells what a host was set up for.
+MANAGED_FILES = {
+    "kernel_cmdline": ["/etc/default/grub.d/99-gpuops-sandbox.cfg", "/etc/kernel/cmdline.d/99-gpuops-sandbox.conf"],
+    "nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"],
+    "vfio_modules": ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"],
+    "mdev_definitions": ["/etc/gpuops/mdev-devices.conf"],
+    "sriov_definitions": ["/etc/gpuops/sriov-vfs.conf"],
+}
+VFIO_RULES_DIR = "/etc/udev/rules.d"
+VFIO_RULE_PREFIX = "61-gpuops-vfio-"
+
+
+def read_os_release(root="/"):
+    """The os-release fields that say which distribution and release the host runs."""
+    info = {}
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        try:
+            with open(host_path(root, path)) as handle:
+                text = handle.read()
+        except (IOError, OSError):
+            continue
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() in ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME", "VERSION_CODENAME"):
+                info[key.strip().lower()] = value.strip().strip("\"'")
+        break
+    return {"id": info.get("id"), "id_like": (info.get("id_like") or "").split(),
+            "version_id": info.get("version_id"), "major": (info.get("version_id") or "").split(".")[0] or None,
+            "codename": info.get("version_codename"), "pretty_name": info.get("pretty_name")}
+
+
+def host_summary(root="/"):
+    managed = {}
+    for key, paths in MANAGED_FILES.items():
+        managed[key] = [p for p in paths if os.path.exists(host_path(root, p))]
+    try:
+        rules = sorted(name for name in os.listdir(host_path(root, VFIO_RULES_DIR))
+                       if name.startswith(VFIO_RULE_PREFIX))
+    except (IOError, OSError):
+        rules = []
+    managed["vfio_rules"] = [os.path.join(VFIO_RULES_DIR, name) for name in rules]
+    try:
+        with open(host_path(root, "/proc/sys/kernel/osrelease")) as handle:
+            kernel = handle.read().strip()
+    except (IOError, OSError):
+        kernel = None
+    mdevs = sorted(list_mdev_devices(root).values(), key=lambda dev: dev["uuid"])
+    return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs, "managed_files": managed,
+            "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root)}
+
+
+def recorded_sriov_pfs(root="/"):
+    """PF addresses recorded for boot by sriov_vfs (persistent=true)."""
+    try:
+        with open(host_path(root, MANAGED_FILES["sriov_definitions"][0])) as handle:
+            text = handle.read()
+    except (IOError, OSError):
+        return []
+    return sorted(set(line.split()[0] for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")))
+
+
+def sriov_counts(root="/"):
+    """``{pf_address: {"numvfs", "totalvfs"}}`` for every SR-IOV capable function of the host."""
+    base = host_path(root, "/sys/bus/pci/devices")
+    counts = {}
+    try:
+        names = sorted(os.listdir(base))
+    except (IOError, OSError):
+        return counts
+    for name in names:
+        try:
+            with open(os.path.join(base, name, "sriov_numvfs")) as handle:
+                numvfs = int(handle.read().strip() or 0)
+            with open(os.path.join(base, name, "sriov_totalvfs")) as handle:
+                totalvfs = int(handle.read().strip() or 0)
+        except (IOError, OSError, ValueError):
+            continue
+        counts[name] = {"numvfs": numvfs, "totalvfs": totalvfs}
+    return counts
 
 
 def run_module(module, root="/"):

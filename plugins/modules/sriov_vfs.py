@@ -22,7 +22,9 @@ description:
     vfio-pci, has its VFIO group open, carries a vGPU or has mediated devices, unless O(force=true).
   - If setting the new count fails after the old VFs were removed, the old count is restored and both
     results are reported.
-  - Runtime state only; making the VFs come back after a reboot is left to the roles of this collection.
+  - VFs are runtime state. With O(persistent=true) the PF and its count are recorded in
+    C(/etc/gpuops/sriov-vfs.conf) and the oneshot unit C(gpuops-sriov-restore.service) sets the count again at
+    boot (bounded retry while the PF's driver is not bound yet), before C(gpuops-mdev-restore.service).
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
@@ -52,6 +54,14 @@ options:
     description:
       - Change the count even when VFs are in use (bound to vfio-pci, VFIO group open, vGPU or mdev present).
         The VMs using them lose their devices.
+    type: bool
+    default: false
+  persistent:
+    description:
+      - Record the count so that it is set again at boot (see the description). Written only after the live
+        change succeeded. With O(state=absent) (or O(count=0)) the PF's record is dropped, and the unit and its
+        script are removed when no PF is left.
+      - V(false) leaves the boot records as they are.
     type: bool
     default: false
   timeout:
@@ -125,6 +135,12 @@ autoprobe:
   returned: success
   type: bool
   sample: true
+boot_files_changed:
+  description: Boot files (definitions, restore script, unit, wants link) written or removed for O(persistent).
+  returned: success
+  type: list
+  elements: str
+  sample: ["/etc/gpuops/sriov-vfs.conf"]
 vfs:
   description: PCI addresses of the VFs after the run, in VF index order (in check mode, those present now).
   returned: success
@@ -133,9 +149,11 @@ vfs:
   sample: ["0000:3b:00.4", "0000:3b:00.5", "0000:3b:00.6", "0000:3b:00.7"]
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _sriov
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 
 # The filesystem root the module works on; unit tests point it at a fake tree.
@@ -151,6 +169,7 @@ def build_module():
             autoprobe=dict(type="bool"),
             force=dict(type="bool", default=False),
             timeout=dict(type="int", default=10),
+            persistent=dict(type="bool", default=False),
         ),
         required_if=[("state", "present", ("count",))],
         supports_check_mode=True,
@@ -173,7 +192,17 @@ def run(module, root):
     count = 0 if params["state"] == "absent" else params["count"]
     state = _sriov.pf_state(params["pf"], root)
     changes = _sriov.plan(state, count, params["autoprobe"], params["force"], root)
-    changed = changes["numvfs"] is not None or changes["autoprobe"] is not None
+    boot_files = {}
+    if params["persistent"]:
+        current_text = _persist.read_text(root, _sriov.DEFINITIONS_FILE)
+        boot_files = _persist.changed_files(
+            root, _sriov.persistence_wanted(current_text, state["pf"], count, params["autoprobe"]))
+        link_needed = count and _persist.wants_link_missing(root, _sriov.WANTS_LINK, _sriov.UNIT_FILE)
+        link_stale = not count and not parse_left(current_text, state["pf"]) and \
+            os.path.lexists(_sriov.host_path(root, _sriov.WANTS_LINK))
+        if link_needed or link_stale:
+            boot_files[_sriov.WANTS_LINK] = _sriov.UNIT_FILE if link_needed else None
+    changed = changes["numvfs"] is not None or changes["autoprobe"] is not None or bool(boot_files)
     new_autoprobe = state["autoprobe"] if changes["autoprobe"] is None else changes["autoprobe"]
     result = {
         "changed": changed,
@@ -184,6 +213,7 @@ def run(module, root):
         "driver": state["driver"],
         "autoprobe": new_autoprobe,
         "vfs": state["vfs"],
+        "boot_files_changed": sorted(boot_files),
     }
     if module._diff:
         result["diff"] = {
@@ -207,7 +237,28 @@ def run(module, root):
                     exc.msg += "; restoring sriov_drivers_autoprobe failed: %s" % rexc.msg
             raise
     result["vfs"] = _sriov.list_vfs(state["dir"])
+    if boot_files:
+        try:
+            write_boot_files(module, root, boot_files)
+        except (IOError, OSError) as exc:
+            raise _sriov.SriovError("the VF count was set, but recording it for boot failed: %s" % exc)
     return result
+
+
+def parse_left(current_text, pf):
+    """Entries other than ``pf`` left in the definitions text."""
+    return [other for other in _sriov.parse_definitions(current_text) if other != pf]
+
+
+def write_boot_files(module, root, boot_files):
+    link = boot_files.pop(_sriov.WANTS_LINK, False)
+    _persist.apply_files(module, root, boot_files)
+    if link:
+        _persist.make_wants_link(root, _sriov.WANTS_LINK, _sriov.UNIT_FILE)
+    elif link is None:
+        _persist.remove_file(root, _sriov.WANTS_LINK)
+    if _sriov.UNIT_FILE in boot_files:
+        _persist.daemon_reload(module, root)
 
 
 def main():

@@ -1,0 +1,379 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_modules
+short_description: Keep kernel module configuration for boot (blacklists, options, softdeps, initramfs)
+version_added: 0.2.0
+description:
+  - Manages one named set of kernel module settings that take effect at boot, in files of its own
+    (never editing files it does not own).
+  - C(/etc/modprobe.d/<name>.conf) holds the C(blacklist), C(options) and C(softdep) lines;
+    C(/etc/modules-load.d/<name>.conf) the modules loaded at boot; the modules to place in the initramfs go
+    to C(/usr/share/initramfs-tools/modules.d/<name>) (initramfs-tools) or
+    C(/etc/dracut.conf.d/<name>.conf) as C(force_drivers) (dracut).
+  - The initramfs is rebuilt (C(update-initramfs -u -k all) or C(dracut -f --regenerate-all)) only when
+    one of the files changed, since modprobe.d files are copied into it. If the rebuild fails, the files are
+    put back as they were and the failure names the command and its output.
+  - Nothing is loaded or unloaded now; the result says when a reboot is needed for the settings to apply.
+author:
+  - gpuops.sandbox contributors (@gpuops)
+options:
+  name:
+    description:
+      - Name of the settings set; the stem of the files written. Letters, digits, C(.), C(_) and C(-).
+    type: str
+    required: true
+  blacklist:
+    description:
+      - Modules that must not be loaded automatically (C(blacklist <module>) lines).
+    type: list
+    elements: str
+    default: []
+  options:
+    description:
+      - Module parameters, as module name to parameter string (C(options <module> <parameters>) lines).
+    type: dict
+    default: {}
+  softdeps:
+    description:
+      - Modules to load before a module, as module name to list of modules (C(softdep <module> pre: ...)).
+    type: dict
+    default: {}
+  load:
+    description:
+      - Modules loaded at boot by C(systemd-modules-load).
+    type: list
+    elements: str
+    default: []
+  initramfs:
+    description:
+      - Modules placed in the initramfs so that they are loaded before the root file system is mounted.
+    type: list
+    elements: str
+    default: []
+  state:
+    description:
+      - V(present) writes the files (a file with nothing to hold is removed); V(absent) removes every file
+        of this O(name).
+    type: str
+    choices: [present, absent]
+    default: present
+  initramfs_tool:
+    description:
+      - The initramfs generator. V(auto) picks C(update-initramfs) when present, else C(dracut).
+      - V(none) writes the files but never rebuilds (the result then says a rebuild is pending).
+    type: str
+    choices: [auto, initramfs-tools, dracut, none]
+    default: auto
+  timeout:
+    description:
+      - Seconds the initramfs rebuild may take before it is stopped and the files are rolled back.
+    type: int
+    default: 900
+attributes:
+  check_mode:
+    support: full
+    description: Reports the files that would change and whether the initramfs would be rebuilt.
+  diff_mode:
+    support: full
+    description: Shows every file before and after.
+  idempotent:
+    support: full
+    description: Files are written, and the initramfs rebuilt, only when their content differs.
+notes:
+  - Root privileges are needed. Files are written atomically, root:root 0644.
+  - A module built into the kernel ignores modprobe.d; use kernel command line arguments for those
+    (M(gpuops.sandbox.kernel_cmdline)).
+seealso:
+  - module: gpuops.sandbox.kernel_cmdline
+  - module: gpuops.sandbox.vfio_bind
+"""
+
+EXAMPLES = r"""
+- name: Keep nouveau off every GPU node
+  gpuops.sandbox.kernel_modules:
+    name: gpuops-nouveau
+    blacklist: [nouveau]
+    options:
+      nouveau: modeset=0
+
+- name: Load vfio-pci early, before the GPU drivers can claim the devices
+  gpuops.sandbox.kernel_modules:
+    name: gpuops-vfio
+    load: [vfio, vfio_iommu_type1, vfio_pci]
+    initramfs: [vfio, vfio_iommu_type1, vfio_pci]
+    softdeps:
+      nvidia: [vfio-pci]
+      nouveau: [vfio-pci]
+
+- name: Remove the vfio settings when the node becomes a container node
+  gpuops.sandbox.kernel_modules:
+    name: gpuops-vfio
+    state: absent
+"""
+
+RETURN = r"""
+files:
+  description: The files of this set, what each should be and whether it changed.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: Path on the host.
+      type: str
+    state:
+      description: V(present) or V(absent) after the run.
+      type: str
+    changed:
+      description: Whether the run (would) change this file.
+      type: bool
+  sample: [{"path": "/etc/modprobe.d/gpuops-nouveau.conf", "state": "present", "changed": true}]
+initramfs_tool:
+  description: The initramfs generator used (or that would be used), or V(none).
+  returned: always
+  type: str
+  sample: initramfs-tools
+initramfs_rebuilt:
+  description: Whether the initramfs was (or in check mode would be) rebuilt.
+  returned: always
+  type: bool
+reboot_required:
+  description:
+    - True when the settings changed (they apply at the next boot), or when a blacklisted module is loaded now.
+  returned: always
+  type: bool
+loaded_blacklisted:
+  description: Blacklisted modules that are loaded at the moment (a reboot unloads them).
+  returned: always
+  type: list
+  elements: str
+  sample: [nouveau]
+"""
+
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
+
+# The filesystem root the module works on; unit tests point it at a fake tree.
+ROOT = "/"
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MODULE_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# Option strings end up on a modprobe.d line: printable, no line breaks or comment signs.
+OPTION_RE = re.compile(r"^[^\s#][^\n\r#]*$")
+
+MODPROBE_DIR = "/etc/modprobe.d"
+LOAD_DIR = "/etc/modules-load.d"
+INITRAMFS_TOOLS_DIR = "/usr/share/initramfs-tools/modules.d"
+DRACUT_DIR = "/etc/dracut.conf.d"
+TOOLS = {"initramfs-tools": "update-initramfs", "dracut": "dracut"}
+
+
+class ModulesError(Exception):
+    def __init__(self, msg):
+        super(ModulesError, self).__init__(msg)
+        self.msg = msg
+
+
+def _check_modules(option, names):
+    for name in names:
+        if not isinstance(name, str) or not MODULE_RE.match(name):
+            raise ModulesError("%s: %r is not a kernel module name (letters, digits, '_' and '-' only)"
+                               % (option, name))
+
+
+def validate(params):
+    """Raise ModulesError naming the first bad value; return nothing."""
+    if not NAME_RE.match(params["name"] or ""):
+        raise ModulesError("name %r is not valid: use letters, digits, '.', '_' and '-', starting with a letter "
+                           "or digit" % params["name"])
+    _check_modules("blacklist", params["blacklist"])
+    _check_modules("load", params["load"])
+    _check_modules("initramfs", params["initramfs"])
+    _check_modules("options", list(params["options"]))
+    for module, value in params["options"].items():
+        if not isinstance(value, str) or not OPTION_RE.match(value):
+            raise ModulesError("options for %s: %r is not a parameter string (one line, no '#', not empty)"
+                               % (module, value))
+    _check_modules("softdeps", list(params["softdeps"]))
+    for module, before in params["softdeps"].items():
+        if not isinstance(before, list) or not before:
+            raise ModulesError("softdeps for %s: expected a non-empty list of module names, got %r" % (module, before))
+        _check_modules("softdeps for %s" % module, before)
+    if params["timeout"] <= 0:
+        raise ModulesError("timeout must be a positive number of seconds, got %d" % params["timeout"])
+
+
+def _header(name):
+    return "# Managed by gpuops.sandbox (kernel_modules, set %s); changes here are overwritten.\n" % name
+
+
+def render_modprobe(params):
+    lines = ["blacklist %s\n" % m for m in params["blacklist"]]
+    lines += ["options %s %s\n" % (m, params["options"][m]) for m in sorted(params["options"])]
+    lines += ["softdep %s pre: %s\n" % (m, " ".join(params["softdeps"][m])) for m in sorted(params["softdeps"])]
+    return _header(params["name"]) + "".join(lines) if lines else None
+
+
+def render_list(params, key):
+    if not params[key]:
+        return None
+    return _header(params["name"]) + "".join("%s\n" % m for m in params[key])
+
+
+def render_dracut(params):
+    if not params["initramfs"]:
+        return None
+    return _header(params["name"]) + 'force_drivers+=" %s "\n' % " ".join(params["initramfs"])
+
+
+def detect_tool(module, wanted, root):
+    if wanted != "auto":
+        return wanted
+    if root == "/":
+        if module.get_bin_path("update-initramfs"):
+            return "initramfs-tools"
+        if module.get_bin_path("dracut"):
+            return "dracut"
+        return "none"
+    for tool, binary in (("initramfs-tools", "update-initramfs"), ("dracut", "dracut")):
+        for sbin in ("/usr/sbin", "/sbin", "/usr/bin"):
+            if os.path.exists(host_path(root, os.path.join(sbin, binary))):
+                return tool
+    return "none"
+
+
+def wanted_files(params, tool):
+    """Return ``{path: text_or_None}`` for every file of the set (None: the file must not exist)."""
+    name = params["name"]
+    present = params["state"] == "present"
+    files = {
+        "%s/%s.conf" % (MODPROBE_DIR, name): render_modprobe(params) if present else None,
+        "%s/%s.conf" % (LOAD_DIR, name): render_list(params, "load") if present else None,
+        "%s/%s" % (INITRAMFS_TOOLS_DIR, name): None,
+        "%s/%s.conf" % (DRACUT_DIR, name): None,
+    }
+    if present and tool in ("initramfs-tools", "none"):
+        files["%s/%s" % (INITRAMFS_TOOLS_DIR, name)] = render_list(params, "initramfs")
+    if present and tool == "dracut":
+        files["%s/%s.conf" % (DRACUT_DIR, name)] = render_dracut(params)
+    return files
+
+
+def loaded_modules(root, names):
+    return [m for m in names if os.path.isdir(host_path(root, "/sys/module/%s" % m.replace("-", "_")))]
+
+
+def rebuild_command(module, tool):
+    if tool == "initramfs-tools":
+        binary = module.get_bin_path("update-initramfs", required=False)
+        args = ["-u", "-k", "all"]
+    else:
+        binary = module.get_bin_path("dracut", required=False)
+        args = ["-f", "--regenerate-all"]
+    if not binary:
+        raise ModulesError("the initramfs generator %s is not installed; install it or set initramfs_tool"
+                           % TOOLS[tool])
+    return [binary] + args
+
+
+def run(module, root):
+    params = module.params
+    validate(params)
+    tool = detect_tool(module, params["initramfs_tool"], root)
+    wanted = wanted_files(params, tool)
+    changes = _persist.changed_files(root, wanted)
+    rebuild = bool(changes) and tool != "none"
+    loaded = loaded_modules(root, params["blacklist"]) if params["state"] == "present" else []
+    result = {
+        "changed": bool(changes),
+        "files": [{"path": path, "state": "absent" if wanted[path] is None else "present",
+                   "changed": path in changes} for path in sorted(wanted)
+                  if wanted[path] is not None or path in changes],
+        "initramfs_tool": tool,
+        "initramfs_rebuilt": rebuild,
+        "reboot_required": bool(changes) or bool(loaded),
+        "loaded_blacklisted": loaded,
+    }
+    if module._diff:
+        result["diff"] = [{"before_header": path, "after_header": path,
+                           "before": _persist.read_text(root, path) or "", "after": text or ""}
+                          for path, text in sorted(changes.items())]
+    if tool == "none" and changes and params["initramfs"]:
+        module.warn("no initramfs generator was found or initramfs_tool=none: rebuild the initramfs yourself "
+                    "for the modules of set %s to be in it" % params["name"])
+    if module.check_mode or not changes:
+        return result
+
+    saved = _persist.snapshot(root, list(changes))
+    try:
+        _persist.apply_files(module, root, changes)
+    except (IOError, OSError) as exc:
+        errors = _persist.restore(module, root, saved)
+        raise ModulesError("writing the module settings failed (%s); %s" % (
+            exc, "rollback failed: %s" % "; ".join(errors) if errors else "the files were put back as they were"))
+    if rebuild:
+        cmd = rebuild_command(module, tool)
+        rc, out, err = _run_with_timeout(module, cmd, params["timeout"])
+        if rc != 0:
+            errors = _persist.restore(module, root, saved)
+            rollback = ("rollback failed: %s" % "; ".join(errors) if errors else
+                        "the module files were put back as they were; the initramfs may need `%s` again"
+                        % " ".join(cmd))
+            raise ModulesError("%s failed (rc=%s): %s; %s" % (
+                " ".join(cmd), rc, (err or out).strip()[-2000:], rollback))
+    return result
+
+
+def _run_with_timeout(module, cmd, timeout):
+    timeout_bin = module.get_bin_path("timeout")
+    if timeout_bin:
+        cmd = [timeout_bin, "--kill-after=30", str(timeout)] + cmd
+    rc, out, err = module.run_command(cmd, environ_update={"LC_ALL": "C"})
+    if timeout_bin and rc == 124:
+        err = "stopped after %d seconds (timeout)\n%s" % (timeout, err)
+    return rc, out, err
+
+
+def build_module():
+    return AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            blacklist=dict(type="list", elements="str", default=[]),
+            options=dict(type="dict", default={}),
+            softdeps=dict(type="dict", default={}),
+            load=dict(type="list", elements="str", default=[]),
+            initramfs=dict(type="list", elements="str", default=[]),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            initramfs_tool=dict(type="str", choices=["auto", "initramfs-tools", "dracut", "none"], default="auto"),
+            timeout=dict(type="int", default=900),
+        ),
+        supports_check_mode=True,
+    )
+
+
+def main():
+    module = build_module()
+    try:
+        result = run(module, ROOT)
+    except ModulesError as exc:
+        module.fail_json(msg=exc.msg)
+    except (IOError, OSError) as exc:
+        module.fail_json(msg="unexpected filesystem error: %s" % exc)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
