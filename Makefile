@@ -13,7 +13,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 LAB := $(BIN)/python lab/gpulab.py
 
 .PHONY: venv hostdeps lab lab-stop lab-status lab-reset site test lint sanity unit integration \
-	molecule bench bench-modules build clean
+	molecule bench bench-modules bench-hosts build clean
 
 # One command creates the Python environment from nothing (re-run when requirements change).
 venv: $(VENV)/.stamp $(COLL_LINK)
@@ -65,6 +65,11 @@ bench: venv hostdeps
 # Wall time of each host module on a lab host, first run and no-op re-run, 1 and all stand-in devices.
 bench-modules: venv hostdeps
 	$(BIN)/python scripts/bench_modules.py
+
+# Host preparation per workload type: reboots, tasks and wall time of the first converge and the no-op
+# re-run, and the re-run against a facts-only play (three lab hosts at once).
+bench-hosts: venv hostdeps
+	$(BIN)/python scripts/bench_hosts.py
 
 build: venv
 	mkdir -p .build/dist

@@ -110,7 +110,8 @@ def _count(value, where):
 
 def vgpu_plan(facts, config, name, parents=None, sriov_pfs=None, numvfs=0):
     facts = facts or {}
-    gpus = facts.get("gpus") or []
+    # VFs of SR-IOV GPUs show up among the GPUs once enabled; the parents are the physical GPUs.
+    gpus = [gpu for gpu in (facts.get("gpus") or []) if not gpu.get("is_vf")]
     host = facts.get("host") or {}
     known = [t for parent in (facts.get("mdev_parents") or []) for t in (parent.get("types") or [])]
     configs = (config or {}).get("vgpu-configs")
@@ -127,9 +128,11 @@ def vgpu_plan(facts, config, name, parents=None, sriov_pfs=None, numvfs=0):
     sriov = {}
     for pf in list(sriov_pfs or []) or [g["address"] for g in gpus if g.get("sriov_totalvfs")]:
         total = ((host.get("sriov") or {}).get(pf) or {}).get("totalvfs", 0)
-        wanted = _count(numvfs, "numvfs") or total
-        if not wanted:
+        if not total:
             raise AnsibleFilterError("%s is not an SR-IOV physical function (no sriov_totalvfs) on this host" % pf)
+        wanted = _count(numvfs, "numvfs") or total
+        if wanted > total:
+            raise AnsibleFilterError("numvfs %d is more than the %d VFs %s supports (sriov_totalvfs)" % (wanted, total, pf))
         sriov[pf] = wanted
 
     calls, types = [], []

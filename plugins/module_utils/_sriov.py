@@ -363,6 +363,9 @@ def persistence_wanted(current_text, pf, count, autoprobe):
     """Return ``{path: text_or_None}`` of the boot files after recording ``pf`` (count 0 drops it)."""
     entries = parse_definitions(current_text)
     if count:
+        if autoprobe is None and pf in entries:
+            # autoprobe not given: the run leaves it as it is, so the record keeps it too.
+            autoprobe = entries[pf][1]
         entries[pf] = (count, autoprobe)
     else:
         entries.pop(pf, None)

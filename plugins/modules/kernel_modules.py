@@ -189,14 +189,14 @@ class ModulesError(Exception):
 
 def _check_modules(option, names):
     for name in names:
-        if not isinstance(name, str) or not MODULE_RE.match(name):
+        if not isinstance(name, str) or not MODULE_RE.fullmatch(name):
             raise ModulesError("%s: %r is not a kernel module name (letters, digits, '_' and '-' only)"
                                % (option, name))
 
 
 def validate(params):
     """Raise ModulesError naming the first bad value; return nothing."""
-    if not NAME_RE.match(params["name"] or ""):
+    if not NAME_RE.fullmatch(params["name"] or ""):
         raise ModulesError("name %r is not valid: use letters, digits, '.', '_' and '-', starting with a letter "
                            "or digit" % params["name"])
     _check_modules("blacklist", params["blacklist"])
@@ -204,7 +204,7 @@ def validate(params):
     _check_modules("initramfs", params["initramfs"])
     _check_modules("options", list(params["options"]))
     for module, value in params["options"].items():
-        if not isinstance(value, str) or not OPTION_RE.match(value):
+        if not isinstance(value, str) or not OPTION_RE.fullmatch(value):
             raise ModulesError("options for %s: %r is not a parameter string (one line, no '#', not empty)"
                                % (module, value))
     _check_modules("softdeps", list(params["softdeps"]))
@@ -317,6 +317,8 @@ def run(module, root):
     if module.check_mode or not changes:
         return result
 
+    # Find the generator before writing anything, so a missing one changes nothing.
+    cmd = rebuild_command(module, tool) if rebuild else None
     saved = _persist.snapshot(root, list(changes))
     try:
         _persist.apply_files(module, root, changes)
@@ -324,8 +326,7 @@ def run(module, root):
         errors = _persist.restore(module, root, saved)
         raise ModulesError("writing the module settings failed (%s); %s" % (
             exc, "rollback failed: %s" % "; ".join(errors) if errors else "the files were put back as they were"))
-    if rebuild:
-        cmd = rebuild_command(module, tool)
+    if cmd:
         rc, out, err = _run_with_timeout(module, cmd, params["timeout"])
         if rc != 0:
             errors = _persist.restore(module, root, saved)

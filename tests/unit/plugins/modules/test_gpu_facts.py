@@ -39,7 +39,7 @@ def test_defaults_select_nvidia_gpus_and_change_nothing(monkeypatch, host):
     assert kind == "exit"
     assert result["changed"] is False
     facts = result["ansible_facts"]
-    assert sorted(facts) == ["gpuops_gpus", "gpuops_iommu", "gpuops_mdev_parents", "gpuops_pci_ids"]
+    assert sorted(facts) == ["gpuops_gpus", "gpuops_host", "gpuops_iommu", "gpuops_mdev_parents", "gpuops_pci_ids"]
     assert [gpu["address"] for gpu in facts["gpuops_gpus"]] == [
         st.A10, st.A100, *st.A100_VFS, st.L40S, *st.L40S_VFS]
     assert facts["gpuops_pci_ids"] == "/usr/share/misc/pci.ids"

@@ -1,0 +1,274 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""gpu_facts' gpuops_host fact: os-release, kernel, managed boot files, mdev devices, SR-IOV counts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
+from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
+
+DEBIAN = """\
+PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"
+NAME="Debian GNU/Linux"
+VERSION_ID="12"
+VERSION="12 (bookworm)"
+VERSION_CODENAME=bookworm
+ID=debian
+HOME_URL="https://www.debian.org/"
+"""
+
+ROCKY = """\
+NAME="Rocky Linux"
+VERSION="9.3 (Blue Onyx)"
+ID="rocky"
+ID_LIKE="rhel centos fedora"
+VERSION_ID="9.3"
+PLATFORM_ID="platform:el9"
+PRETTY_NAME="Rocky Linux 9.3 (Blue Onyx)"
+"""
+
+UBUNTU = """\
+# A comment line
+PRETTY_NAME='Ubuntu 22.04.4 LTS'
+ID=ubuntu
+ID_LIKE=debian
+VERSION_ID="22.04"
+VERSION_CODENAME=jammy
+UBUNTU_CODENAME=jammy
+"""
+
+NONE_OS = {"id": None, "id_like": [], "version_id": None, "major": None, "codename": None, "pretty_name": None}
+UUID_A = "5f2a2b8e-3c2b-5a8f-9b55-3b8e0c1d2e3f"
+UUID_B = "0b5c3d1e-1111-4222-8333-944455556666"
+
+
+@pytest.fixture
+def host(tmp_path):
+    return st.build_gpu_host(tmp_path)
+
+
+# --------------------------------------------------------------------------- os-release
+
+
+@pytest.mark.parametrize("content,expected", [
+    (DEBIAN, {"id": "debian", "id_like": [], "version_id": "12", "major": "12", "codename": "bookworm",
+              "pretty_name": "Debian GNU/Linux 12 (bookworm)"}),
+    (ROCKY, {"id": "rocky", "id_like": ["rhel", "centos", "fedora"], "version_id": "9.3", "major": "9",
+             "codename": None, "pretty_name": "Rocky Linux 9.3 (Blue Onyx)"}),
+    (UBUNTU, {"id": "ubuntu", "id_like": ["debian"], "version_id": "22.04", "major": "22", "codename": "jammy",
+              "pretty_name": "Ubuntu 22.04.4 LTS"}),
+    ("ID=arch\nPRETTY_NAME=\"Arch Linux\"\n", {"id": "arch", "id_like": [], "version_id": None, "major": None,
+                                               "codename": None, "pretty_name": "Arch Linux"}),
+    ("", NONE_OS),
+    ("garbage without equals\n  ID = fedora \nVERSION_ID=40\n",
+     {"id": "fedora", "id_like": [], "version_id": "40", "major": "40", "codename": None, "pretty_name": None}),
+])
+def test_read_os_release(tmp_path, content, expected):
+    tree = st.SysfsTree(tmp_path)
+    tree.write("/etc/os-release", content)
+    assert gpu_facts.read_os_release(tree.root) == expected
+
+
+def test_os_release_fallback_to_usr_lib(tmp_path):
+    tree = st.SysfsTree(tmp_path)
+    tree.write("/usr/lib/os-release", ROCKY)
+    assert gpu_facts.read_os_release(tree.root)["id"] == "rocky"
+
+
+def test_os_release_relative_symlink_is_followed(tmp_path):
+    tree = st.SysfsTree(tmp_path)
+    tree.write("/usr/lib/os-release", DEBIAN)
+    tree.link("/etc/os-release", "/usr/lib/os-release")
+    assert gpu_facts.read_os_release(tree.root)["codename"] == "bookworm"
+
+
+def test_os_release_etc_wins_over_usr_lib(tmp_path):
+    tree = st.SysfsTree(tmp_path)
+    tree.write("/etc/os-release", UBUNTU)
+    tree.write("/usr/lib/os-release", ROCKY)
+    assert gpu_facts.read_os_release(tree.root)["id"] == "ubuntu"
+
+
+def test_os_release_dangling_etc_link_falls_back(tmp_path):
+    tree = st.SysfsTree(tmp_path)
+    tree.raw_link("/etc/os-release", "/nonexistent/os-release")
+    tree.write("/usr/lib/os-release", ROCKY)
+    assert gpu_facts.read_os_release(tree.root)["major"] == "9"
+
+
+def test_os_release_missing(tmp_path):
+    assert gpu_facts.read_os_release(str(tmp_path)) == NONE_OS
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=hs.text(max_size=200))
+def test_os_release_never_raises(tmp_path, content):
+    tree = st.SysfsTree(tmp_path)
+    tree.write("/etc/os-release", content)
+    info = gpu_facts.read_os_release(tree.root)
+    assert sorted(info) == ["codename", "id", "id_like", "major", "pretty_name", "version_id"]
+    assert isinstance(info["id_like"], list)
+
+
+# --------------------------------------------------------------------------- managed files, kernel, mdev
+
+
+def test_host_summary_of_a_bare_host(host):
+    summary = gpu_facts.host_summary(host.root)
+    assert summary == {
+        "os": NONE_OS, "kernel": None, "mdev_devices": [],
+        "managed_files": {"kernel_cmdline": [], "nouveau": [], "vfio_modules": [], "mdev_definitions": [],
+                          "sriov_definitions": [], "vfio_rules": []},
+        "sriov": {st.A100: {"numvfs": 2, "totalvfs": 20}, st.L40S: {"numvfs": 2, "totalvfs": 32}},
+        "sriov_recorded": [],
+    }
+
+
+def test_managed_files_detected(host):
+    for path in ("/etc/default/grub.d/99-gpuops-sandbox.cfg", "/etc/modprobe.d/gpuops-nouveau.conf",
+                 "/etc/modules-load.d/gpuops-vfio.conf", "/etc/gpuops/mdev-devices.conf",
+                 "/etc/gpuops/sriov-vfs.conf"):
+        host.write(path, "x\n")
+    host.write("/etc/modprobe.d/other.conf", "x\n")
+    managed = gpu_facts.host_summary(host.root)["managed_files"]
+    assert managed == {
+        "kernel_cmdline": ["/etc/default/grub.d/99-gpuops-sandbox.cfg"],
+        "nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"],
+        "vfio_modules": ["/etc/modules-load.d/gpuops-vfio.conf"],
+        "mdev_definitions": ["/etc/gpuops/mdev-devices.conf"],
+        "sriov_definitions": ["/etc/gpuops/sriov-vfs.conf"],
+        "vfio_rules": [],
+    }
+    host.write("/etc/kernel/cmdline.d/99-gpuops-sandbox.conf", "x\n")
+    host.write("/etc/modprobe.d/gpuops-vfio.conf", "x\n")
+    managed = gpu_facts.host_summary(host.root)["managed_files"]
+    assert managed["kernel_cmdline"] == ["/etc/default/grub.d/99-gpuops-sandbox.cfg",
+                                         "/etc/kernel/cmdline.d/99-gpuops-sandbox.conf"]
+    assert managed["vfio_modules"] == ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"]
+
+
+def test_managed_file_names_match_the_kernel_modules_examples():
+    """The nouveau/vfio sets documented in kernel_modules land where gpu_facts looks."""
+    from ansible_collections.gpuops.sandbox.plugins.modules import kernel_modules
+    assert "%s/gpuops-nouveau.conf" % kernel_modules.MODPROBE_DIR in gpu_facts.MANAGED_FILES["nouveau"]
+    assert "%s/gpuops-vfio.conf" % kernel_modules.MODPROBE_DIR in gpu_facts.MANAGED_FILES["vfio_modules"]
+    assert "%s/gpuops-vfio.conf" % kernel_modules.LOAD_DIR in gpu_facts.MANAGED_FILES["vfio_modules"]
+
+
+def test_vfio_rules_listed_sorted_with_prefix_only(host):
+    host.write("/etc/udev/rules.d/61-gpuops-vfio-0000:b1:00.0.rules", "x\n")
+    host.write("/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules", "x\n")
+    host.write("/etc/udev/rules.d/60-other.rules", "x\n")
+    host.write("/etc/udev/rules.d/61-gpuops-vfi.rules", "x\n")
+    rules = gpu_facts.host_summary(host.root)["managed_files"]["vfio_rules"]
+    assert rules == ["/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules",
+                     "/etc/udev/rules.d/61-gpuops-vfio-0000:b1:00.0.rules"]
+
+
+def test_vfio_rules_dir_is_a_file(host):
+    host.write("/etc/udev/rules.d", "not a directory\n")
+    assert gpu_facts.host_summary(host.root)["managed_files"]["vfio_rules"] == []
+
+
+def test_kernel_release(host):
+    host.write("/proc/sys/kernel/osrelease", "6.1.0-18-amd64\n")
+    assert gpu_facts.host_summary(host.root)["kernel"] == "6.1.0-18-amd64"
+
+
+def add_mdev(tree, parent_address, uuid, type_id):
+    parent_dir = tree.functions[parent_address]
+    dev_dir = tree.mkdir("%s/%s" % (parent_dir, uuid.lower()))
+    tree.link(dev_dir + "/mdev_type", "%s/mdev_supported_types/%s" % (parent_dir, type_id))
+    tree.link("/sys/bus/mdev/devices/" + uuid, dev_dir)
+
+
+def test_mdev_devices_listed_sorted_by_uuid(host):
+    add_mdev(host, st.A100_VFS[0], UUID_A, "nvidia-692")
+    add_mdev(host, st.A100_VFS[1], UUID_B.upper(), "nvidia-700")
+    mdevs = gpu_facts.host_summary(host.root)["mdev_devices"]
+    assert mdevs == [
+        {"uuid": UUID_B, "parent": st.A100_VFS[1], "type_id": "nvidia-700"},
+        {"uuid": UUID_A, "parent": st.A100_VFS[0], "type_id": "nvidia-692"},
+    ]
+
+
+def test_mdev_devices_of_a_non_pci_parent(tmp_path):
+    tree = st.build_lab_host(tmp_path)
+    dev_dir = tree.mkdir("/sys/devices/virtual/mtty/mtty/" + UUID_A)
+    tree.link(dev_dir + "/mdev_type", "/sys/devices/virtual/mtty/mtty/mdev_supported_types/mtty-2")
+    tree.link("/sys/bus/mdev/devices/" + UUID_A, dev_dir)
+    assert gpu_facts.host_summary(tree.root)["mdev_devices"] == [
+        {"uuid": UUID_A, "parent": "mtty", "type_id": "mtty-2"}]
+
+
+# --------------------------------------------------------------------------- SR-IOV
+
+
+def test_sriov_counts_read_numvfs_and_totalvfs(host):
+    host.write(host.functions[st.A100] + "/sriov_numvfs", "4\n")
+    assert gpu_facts.sriov_counts(host.root) == {
+        st.A100: {"numvfs": 4, "totalvfs": 20}, st.L40S: {"numvfs": 2, "totalvfs": 32}}
+
+
+def test_sriov_counts_skip_unreadable_or_bad_values(host):
+    host.write(host.functions[st.L40S] + "/sriov_numvfs", "lots\n")
+    os.unlink(host.path(host.functions[st.A100] + "/sriov_totalvfs"))
+    assert gpu_facts.sriov_counts(host.root) == {}
+
+
+def test_sriov_counts_empty_values_are_zero(host):
+    host.write(host.functions[st.A100] + "/sriov_numvfs", "\n")
+    assert gpu_facts.sriov_counts(host.root)[st.A100] == {"numvfs": 0, "totalvfs": 20}
+
+
+def test_sriov_counts_lab_host(tmp_path):
+    tree = st.build_lab_host(tmp_path)
+    assert gpu_facts.sriov_counts(tree.root) == {"0000:02:00.0": {"numvfs": 0, "totalvfs": 4}}
+
+
+def test_sriov_counts_without_pci_bus(tmp_path):
+    assert gpu_facts.sriov_counts(str(tmp_path)) == {}
+
+
+def test_recorded_sriov_pfs(host):
+    host.write("/etc/gpuops/sriov-vfs.conf",
+               "# Managed by gpuops.sandbox.sriov_vfs\n"
+               "# <pf-address> <numvfs> [autoprobe 0|1]\n"
+               "\n"
+               "0000:cb:00.0 8 1\n"
+               "   # indented comment\n"
+               "0000:b1:00.0 4\n"
+               "0000:b1:00.0 4\n")
+    assert gpu_facts.recorded_sriov_pfs(host.root) == [st.A100, st.L40S]
+    assert gpu_facts.host_summary(host.root)["sriov_recorded"] == [st.A100, st.L40S]
+
+
+def test_recorded_sriov_pfs_missing_file(host):
+    assert gpu_facts.recorded_sriov_pfs(host.root) == []
+
+
+# --------------------------------------------------------------------------- through the module
+
+
+def test_module_returns_gpuops_host(monkeypatch, host):
+    host.write("/etc/os-release", DEBIAN)
+    host.write("/proc/sys/kernel/osrelease", "6.1.0-18-amd64\n")
+    before = host.snapshot()
+    kind, result = call(monkeypatch, lambda: gpu_facts.run_module(gpu_facts.build_module(), root=host.root), {})
+    assert kind == "exit" and result["changed"] is False
+    facts = result["ansible_facts"]
+    assert sorted(facts) == ["gpuops_gpus", "gpuops_host", "gpuops_iommu", "gpuops_mdev_parents", "gpuops_pci_ids"]
+    assert facts["gpuops_host"]["os"]["id"] == "debian"
+    assert facts["gpuops_host"]["kernel"] == "6.1.0-18-amd64"
+    assert facts["gpuops_host"]["sriov"][st.A100] == {"numvfs": 2, "totalvfs": 20}
+    assert host.snapshot() == before

@@ -1,0 +1,555 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Module tests for kernel_modules on a fake host tree; the initramfs generator is a recorded fake."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from ansible.module_utils import basic
+
+from ansible_collections.gpuops.sandbox.plugins.modules import kernel_modules
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import SysfsTree
+
+HEADER = "# Managed by gpuops.sandbox (kernel_modules, set %s); changes here are overwritten.\n"
+UPDATE_INITRAMFS = "/usr/sbin/update-initramfs"
+DRACUT = "/usr/bin/dracut"
+TIMEOUT = "/usr/bin/timeout"
+
+VFIO_ARGS = {
+    "name": "gpuops-vfio",
+    "blacklist": ["nouveau"],
+    "options": {"nouveau": "modeset=0", "vfio_pci": "disable_vga=1"},
+    "softdeps": {"nvidia": ["vfio-pci"], "nouveau": ["vfio-pci", "vfio"]},
+    "load": ["vfio", "vfio_iommu_type1", "vfio_pci"],
+    "initramfs": ["vfio", "vfio_iommu_type1", "vfio_pci"],
+}
+
+MODPROBE = "/etc/modprobe.d/gpuops-vfio.conf"
+LOAD = "/etc/modules-load.d/gpuops-vfio.conf"
+ITOOLS = "/usr/share/initramfs-tools/modules.d/gpuops-vfio"
+DRACUT_CONF = "/etc/dracut.conf.d/gpuops-vfio.conf"
+ALL_FILES = sorted([MODPROBE, LOAD, ITOOLS, DRACUT_CONF])
+
+MODPROBE_TEXT = (HEADER % "gpuops-vfio"
+                 + "blacklist nouveau\n"
+                 + "options nouveau modeset=0\n"
+                 + "options vfio_pci disable_vga=1\n"
+                 + "softdep nouveau pre: vfio-pci vfio\n"
+                 + "softdep nvidia pre: vfio-pci\n")
+LIST_TEXT = HEADER % "gpuops-vfio" + "vfio\nvfio_iommu_type1\nvfio_pci\n"
+DRACUT_TEXT = HEADER % "gpuops-vfio" + 'force_drivers+=" vfio vfio_iommu_type1 vfio_pci "\n'
+
+
+class Host:
+    """A fake host tree plus the programs the module finds and runs."""
+
+    def __init__(self, tree):
+        self.tree = tree
+        self.bins = {"update-initramfs": UPDATE_INITRAMFS, "dracut": DRACUT}
+        self.commands = []
+        self.results = []  # (rc, out, err) returned by the next commands; default success
+        self.warnings = []
+
+    def get_bin_path(self, _module, arg, required=False, opt_dirs=None):  # pylint: disable=unused-argument
+        return self.bins.get(arg)
+
+    def run_command(self, _module, args, **kwargs):
+        self.commands.append(list(args))
+        # The files are on disk when the generator runs: record what it would have copied.
+        self.seen = {path: self.text(path) for path in ALL_FILES}
+        return self.results.pop(0) if self.results else (0, "", "")
+
+    def warn(self, _module, msg):
+        self.warnings.append(msg)
+
+    def text(self, path):
+        full = self.tree.path(path)
+        if not os.path.lexists(full):
+            return None
+        with open(full) as handle:
+            return handle.read()
+
+    def files(self):
+        return {path: self.text(path) for path in ALL_FILES}
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    tree = SysfsTree(tmp_path)
+    tree.write("/usr/sbin/update-initramfs", "#!/bin/sh\n")
+    tree.mkdir("/etc/modprobe.d")
+    tree.mkdir("/sys/module/vfio")
+    fake = Host(tree)
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda module, *a, **kw: fake.get_bin_path(module, *a, **kw))
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", lambda module, *a, **kw: fake.run_command(module, *a, **kw))
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda module, *a, **kw: fake.warn(module, *a, **kw))
+    monkeypatch.setattr(kernel_modules, "ROOT", tree.root)
+    return fake
+
+
+def files_of(snapshot):
+    """File and link entries of a snapshot, without mtimes (directories created on the way may stay)."""
+    return {path: entry[:2] for path, entry in snapshot.items() if entry[0] != "dir"}
+
+
+def run(monkeypatch, args, check=False, diff=False):
+    full = dict(args)
+    full["_ansible_check_mode"] = check
+    full["_ansible_diff"] = diff
+    return call(monkeypatch, kernel_modules.main, full)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def test_initramfs_tools_files_and_rebuild(monkeypatch, host):
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit", result
+    assert host.files() == {MODPROBE: MODPROBE_TEXT, LOAD: LIST_TEXT, ITOOLS: LIST_TEXT, DRACUT_CONF: None}
+    assert result["changed"] is True
+    assert result["initramfs_tool"] == "initramfs-tools"
+    assert result["initramfs_rebuilt"] is True
+    assert result["reboot_required"] is True
+    assert result["files"] == [
+        {"path": MODPROBE, "state": "present", "changed": True},
+        {"path": LOAD, "state": "present", "changed": True},
+        {"path": ITOOLS, "state": "present", "changed": True},
+    ]
+    assert host.commands == [[UPDATE_INITRAMFS, "-u", "-k", "all"]]
+    # The generator ran after the files were written (modprobe.d is copied into the initramfs).
+    assert host.seen[MODPROBE] == MODPROBE_TEXT and host.seen[ITOOLS] == LIST_TEXT
+
+
+def test_files_are_0644(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    for path in (MODPROBE, LOAD, ITOOLS):
+        assert stat.S_IMODE(os.stat(host.tree.path(path)).st_mode) == 0o644
+    leftovers = [name for top, _dirs, names in os.walk(host.tree.root) for name in names
+                 if name.startswith(".gpuops-")]
+    assert leftovers == []
+
+
+def test_blacklist_order_kept_options_and_softdeps_sorted(monkeypatch, host):
+    args = {"name": "s", "blacklist": ["zz", "aa"], "options": {"b": "x=1", "a": "y=2"},
+            "softdeps": {"d": ["c"], "a": ["b"]}}
+    run(monkeypatch, args)
+    assert host.text("/etc/modprobe.d/s.conf") == (HEADER % "s" + "blacklist zz\nblacklist aa\n"
+                                                   "options a y=2\noptions b x=1\n"
+                                                   "softdep a pre: b\nsoftdep d pre: c\n")
+
+
+def test_dracut_detected_and_used(monkeypatch, host):
+    os.unlink(host.tree.path("/usr/sbin/update-initramfs"))
+    host.tree.write("/usr/bin/dracut", "#!/bin/sh\n")
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit", result
+    assert result["initramfs_tool"] == "dracut"
+    assert host.files() == {MODPROBE: MODPROBE_TEXT, LOAD: LIST_TEXT, ITOOLS: None, DRACUT_CONF: DRACUT_TEXT}
+    assert host.commands == [[DRACUT, "-f", "--regenerate-all"]]
+
+
+@pytest.mark.parametrize("location", ["/usr/sbin", "/sbin", "/usr/bin"])
+def test_detection_looks_in_the_sbin_directories(monkeypatch, host, location):
+    os.unlink(host.tree.path("/usr/sbin/update-initramfs"))
+    host.tree.write(location + "/dracut", "")
+    _kind, result = run(monkeypatch, {"name": "x", "blacklist": ["nouveau"]}, check=True)
+    assert result["initramfs_tool"] == "dracut"
+
+
+def test_initramfs_tools_preferred_when_both_present(monkeypatch, host):
+    host.tree.write("/usr/bin/dracut", "")
+    _kind, result = run(monkeypatch, VFIO_ARGS, check=True)
+    assert result["initramfs_tool"] == "initramfs-tools"
+
+
+def test_explicit_tool_overrides_detection(monkeypatch, host):
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, initramfs_tool="dracut"))
+    assert kind == "exit", result
+    assert result["initramfs_tool"] == "dracut"
+    assert host.text(DRACUT_CONF) == DRACUT_TEXT and host.text(ITOOLS) is None
+    assert host.commands == [[DRACUT, "-f", "--regenerate-all"]]
+
+
+def test_switching_generator_moves_the_initramfs_list(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    host.commands.clear()
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, initramfs_tool="dracut"))
+    assert kind == "exit", result
+    assert host.files() == {MODPROBE: MODPROBE_TEXT, LOAD: LIST_TEXT, ITOOLS: None, DRACUT_CONF: DRACUT_TEXT}
+    assert {f["path"]: (f["state"], f["changed"]) for f in result["files"]} == {
+        MODPROBE: ("present", False), LOAD: ("present", False), ITOOLS: ("absent", True),
+        DRACUT_CONF: ("present", True)}
+    assert host.commands == [[DRACUT, "-f", "--regenerate-all"]]
+
+
+def test_no_generator_writes_files_warns_and_never_rebuilds(monkeypatch, host):
+    os.unlink(host.tree.path("/usr/sbin/update-initramfs"))
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit", result
+    assert result["initramfs_tool"] == "none" and result["initramfs_rebuilt"] is False
+    assert result["changed"] is True and result["reboot_required"] is True
+    assert host.text(ITOOLS) == LIST_TEXT and host.commands == []
+    assert len(host.warnings) == 1 and "rebuild the initramfs yourself" in host.warnings[0]
+    assert "gpuops-vfio" in host.warnings[0]
+
+
+def test_tool_none_without_initramfs_list_does_not_warn(monkeypatch, host):
+    kind, result = run(monkeypatch, {"name": "n", "blacklist": ["nouveau"], "initramfs_tool": "none"})
+    assert kind == "exit" and result["changed"] and not result["initramfs_rebuilt"]
+    assert host.warnings == [] and host.commands == []
+
+
+def test_empty_set_writes_nothing(monkeypatch, host):
+    before = host.tree.snapshot()
+    kind, result = run(monkeypatch, {"name": "empty"})
+    assert kind == "exit" and result["changed"] is False and result["files"] == []
+    assert result["reboot_required"] is False and host.commands == []
+    assert host.tree.snapshot() == before
+
+
+def test_file_with_nothing_left_is_removed(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    host.commands.clear()
+    kind, result = run(monkeypatch, {"name": "gpuops-vfio", "load": ["vfio"]})
+    assert kind == "exit", result
+    assert host.files() == {MODPROBE: None, LOAD: HEADER % "gpuops-vfio" + "vfio\n", ITOOLS: None,
+                            DRACUT_CONF: None}
+    assert {f["path"]: (f["state"], f["changed"]) for f in result["files"]} == {
+        MODPROBE: ("absent", True), LOAD: ("present", True), ITOOLS: ("absent", True)}
+    assert host.commands == [[UPDATE_INITRAMFS, "-u", "-k", "all"]]
+
+
+def test_other_files_are_left_alone(monkeypatch, host):
+    host.tree.write("/etc/modprobe.d/blacklist.conf", "blacklist pcspkr\n")
+    host.tree.write("/etc/modprobe.d/gpuops-nouveau.conf", "blacklist nouveau\n")
+    run(monkeypatch, VFIO_ARGS)
+    run(monkeypatch, {"name": "gpuops-vfio", "state": "absent"})
+    assert host.text("/etc/modprobe.d/blacklist.conf") == "blacklist pcspkr\n"
+    assert host.text("/etc/modprobe.d/gpuops-nouveau.conf") == "blacklist nouveau\n"
+
+
+# --------------------------------------------------------------------------- check mode, diff, idempotence
+
+
+def test_check_mode_writes_nothing_but_reports(monkeypatch, host):
+    before = host.tree.snapshot()
+    kind, result = run(monkeypatch, VFIO_ARGS, check=True, diff=True)
+    assert kind == "exit", result
+    assert host.tree.snapshot() == before and host.commands == []
+    assert result["changed"] is True and result["initramfs_rebuilt"] is True and result["reboot_required"] is True
+    assert [f["path"] for f in result["files"] if f["changed"]] == [MODPROBE, LOAD, ITOOLS]
+    assert result["diff"] == [
+        {"before_header": MODPROBE, "after_header": MODPROBE, "before": "", "after": MODPROBE_TEXT},
+        {"before_header": LOAD, "after_header": LOAD, "before": "", "after": LIST_TEXT},
+        {"before_header": ITOOLS, "after_header": ITOOLS, "before": "", "after": LIST_TEXT},
+    ]
+
+
+def test_check_mode_absent_writes_nothing(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    host.commands.clear()
+    before = host.tree.snapshot()
+    kind, result = run(monkeypatch, {"name": "gpuops-vfio", "state": "absent"}, check=True)
+    assert kind == "exit" and result["changed"] and result["initramfs_rebuilt"]
+    assert host.tree.snapshot() == before and host.commands == []
+
+
+def test_diff_shows_old_and_new_content(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    new = dict(VFIO_ARGS, options={"nouveau": "modeset=0"})
+    kind, result = run(monkeypatch, new, diff=True)
+    assert kind == "exit", result
+    assert result["diff"] == [{
+        "before_header": MODPROBE, "after_header": MODPROBE, "before": MODPROBE_TEXT,
+        "after": MODPROBE_TEXT.replace("options vfio_pci disable_vga=1\n", ""),
+    }]
+    kind, result = run(monkeypatch, {"name": "gpuops-vfio", "state": "absent"}, diff=True)
+    assert [(d["before_header"], d["after"]) for d in result["diff"]] == [(MODPROBE, ""), (LOAD, ""), (ITOOLS, "")]
+    assert result["diff"][1]["before"] == LIST_TEXT
+
+
+def test_no_diff_key_without_diff_mode(monkeypatch, host):
+    _kind, result = run(monkeypatch, VFIO_ARGS)
+    assert "diff" not in result
+
+
+def test_second_run_is_idempotent(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    host.commands.clear()
+    before = host.tree.snapshot()
+    for check in (True, False):
+        kind, result = run(monkeypatch, VFIO_ARGS, check=check, diff=True)
+        assert kind == "exit", result
+        assert result["changed"] is False and result["initramfs_rebuilt"] is False
+        assert result["reboot_required"] is False and result["diff"] == []
+        assert [(f["path"], f["changed"]) for f in result["files"]] == [(MODPROBE, False), (LOAD, False),
+                                                                       (ITOOLS, False)]
+    assert host.commands == [] and host.tree.snapshot() == before  # mtimes included
+
+
+def test_hand_edited_file_is_put_back(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    host.commands.clear()
+    host.tree.write(MODPROBE, MODPROBE_TEXT + "blacklist something\n")
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit" and result["changed"]
+    assert host.text(MODPROBE) == MODPROBE_TEXT and len(host.commands) == 1
+
+
+# --------------------------------------------------------------------------- state=absent
+
+
+def test_absent_removes_every_file_of_the_set(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    # Leftover of an earlier dracut run too.
+    host.tree.write(DRACUT_CONF, DRACUT_TEXT)
+    host.commands.clear()
+    kind, result = run(monkeypatch, {"name": "gpuops-vfio", "state": "absent"})
+    assert kind == "exit", result
+    assert host.files() == {path: None for path in ALL_FILES}
+    assert result["files"] == [{"path": path, "state": "absent", "changed": True} for path in ALL_FILES]
+    assert result["changed"] and result["initramfs_rebuilt"] and result["reboot_required"]
+    assert host.commands == [[UPDATE_INITRAMFS, "-u", "-k", "all"]]
+    host.commands.clear()
+    kind, result = run(monkeypatch, {"name": "gpuops-vfio", "state": "absent"})
+    assert kind == "exit" and result["changed"] is False and result["files"] == []
+    assert result["reboot_required"] is False and host.commands == []
+
+
+def test_absent_ignores_the_other_options(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    kind, _result = run(monkeypatch, dict(VFIO_ARGS, state="absent"))
+    assert kind == "exit" and host.files() == {path: None for path in ALL_FILES}
+
+
+def test_absent_removes_a_dangling_symlink(monkeypatch, host):
+    host.tree.raw_link(MODPROBE, "/nonexistent")
+    kind, result = run(monkeypatch, {"name": "gpuops-vfio", "state": "absent"})
+    assert kind == "exit" and result["changed"]
+    assert not os.path.lexists(host.tree.path(MODPROBE))
+
+
+# --------------------------------------------------------------------------- rebuild and rollback
+
+
+def test_rebuild_failure_restores_previous_files(monkeypatch, host):
+    run(monkeypatch, {"name": "gpuops-vfio", "blacklist": ["nouveau"], "initramfs": ["vfio"]})
+    before_files = host.files()
+    before = host.tree.snapshot()
+    host.commands.clear()
+    host.results.append((1, "some output\n", "E: mkinitramfs failure cpio 141\n"))
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "fail"
+    msg = result["msg"]
+    assert msg.startswith("%s -u -k all failed (rc=1): E: mkinitramfs failure cpio 141; " % UPDATE_INITRAMFS)
+    assert "the module files were put back as they were" in msg
+    assert "the initramfs may need `%s -u -k all` again" % UPDATE_INITRAMFS in msg
+    # The generator saw the new files, then they were put back (the new load file removed again).
+    assert host.seen[MODPROBE] == MODPROBE_TEXT
+    assert host.files() == before_files and host.text(LOAD) is None
+    assert files_of(host.tree.snapshot()) == files_of(before)
+
+
+def test_rebuild_failure_on_first_run_leaves_no_files(monkeypatch, host):
+    host.results.append((2, "", "dracut: cannot write\n"))
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, initramfs_tool="dracut"))
+    assert kind == "fail"
+    assert result["msg"].startswith("%s -f --regenerate-all failed (rc=2): dracut: cannot write; " % DRACUT)
+    assert host.files() == {path: None for path in ALL_FILES}
+    # Nothing recorded as done: the next run tries again.
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, initramfs_tool="dracut"))
+    assert kind == "exit" and result["changed"] and len(host.commands) == 2
+
+
+def test_rebuild_failure_uses_stdout_when_stderr_is_empty(monkeypatch, host):
+    host.results.append((1, "update-initramfs: out of space\n", ""))
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "fail" and "failed (rc=1): update-initramfs: out of space;" in result["msg"]
+
+
+def test_rebuild_failure_with_absent_puts_files_back(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    before = host.files()
+    host.results.append((1, "", "boom\n"))
+    kind, result = run(monkeypatch, {"name": "gpuops-vfio", "state": "absent"})
+    assert kind == "fail" and "boom" in result["msg"] and "put back" in result["msg"]
+    assert host.files() == before
+
+
+def test_rebuild_runs_under_timeout(monkeypatch, host):
+    host.bins["timeout"] = TIMEOUT
+    kind, _result = run(monkeypatch, dict(VFIO_ARGS, timeout=120))
+    assert kind == "exit"
+    assert host.commands == [[TIMEOUT, "--kill-after=30", "120", UPDATE_INITRAMFS, "-u", "-k", "all"]]
+
+
+def test_rebuild_timeout_is_named_and_rolled_back(monkeypatch, host):
+    host.bins["timeout"] = TIMEOUT
+    host.results.append((124, "", ""))
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "fail"
+    assert "failed (rc=124): stopped after 900 seconds (timeout)" in result["msg"]
+    assert host.files() == {path: None for path in ALL_FILES}
+
+
+def test_write_failure_rolls_back_written_files(monkeypatch, host):
+    # /etc/modules-load.d is a file: the load file cannot be written after the modprobe.d one was.
+    host.tree.write("/etc/modules-load.d", "not a directory\n")
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "fail"
+    assert result["msg"].startswith("writing the module settings failed (")
+    assert result["msg"].endswith("the files were put back as they were")
+    assert host.text(MODPROBE) is None and host.commands == []
+
+
+def test_missing_generator_fails_before_writing(monkeypatch, host):
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, initramfs_tool="dracut"))
+    assert kind == "exit", result
+    del host.bins["dracut"]
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, initramfs_tool="dracut", load=["vfio"]))
+    assert kind == "fail"
+    assert result["msg"].startswith("the initramfs generator dracut is not installed")
+    assert host.text(LOAD) == LIST_TEXT  # unchanged: the failure must not leave the new files behind
+
+
+def test_missing_generator_message(monkeypatch, host):
+    del host.bins["dracut"]
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, initramfs_tool="dracut"))
+    assert kind == "fail"
+    assert result["msg"] == ("the initramfs generator dracut is not installed; install it or set "
+                             "initramfs_tool")
+
+
+# --------------------------------------------------------------------------- loaded modules, reboot
+
+
+def test_loaded_blacklisted_module_needs_reboot_even_without_change(monkeypatch, host):
+    host.tree.mkdir("/sys/module/nouveau")
+    args = {"name": "gpuops-nouveau", "blacklist": ["nouveau", "rivafb"], "options": {"nouveau": "modeset=0"}}
+    kind, result = run(monkeypatch, args)
+    assert kind == "exit" and result["loaded_blacklisted"] == ["nouveau"] and result["reboot_required"]
+    kind, result = run(monkeypatch, args)
+    assert kind == "exit" and result["changed"] is False
+    assert result["loaded_blacklisted"] == ["nouveau"] and result["reboot_required"] is True
+    os.rmdir(host.tree.path("/sys/module/nouveau"))
+    _kind, result = run(monkeypatch, args)
+    assert result["loaded_blacklisted"] == [] and result["reboot_required"] is False
+
+
+def test_loaded_blacklisted_dash_matches_underscore(monkeypatch, host):
+    host.tree.mkdir("/sys/module/nvidia_drm")
+    _kind, result = run(monkeypatch, {"name": "x", "blacklist": ["nvidia-drm", "nvidia_modeset"]}, check=True)
+    assert result["loaded_blacklisted"] == ["nvidia-drm"]
+
+
+def test_loaded_module_not_blacklisted_is_not_reported(monkeypatch, host):
+    # vfio is loaded (fixture) and only listed in load/initramfs.
+    run(monkeypatch, VFIO_ARGS)
+    _kind, result = run(monkeypatch, VFIO_ARGS)
+    assert result["loaded_blacklisted"] == [] and result["reboot_required"] is False
+
+
+def test_absent_does_not_report_loaded_modules(monkeypatch, host):
+    host.tree.mkdir("/sys/module/nouveau")
+    _kind, result = run(monkeypatch, {"name": "x", "blacklist": ["nouveau"], "state": "absent"})
+    assert result["loaded_blacklisted"] == [] and result["reboot_required"] is False
+
+
+def test_reboot_required_in_check_mode(monkeypatch, host):
+    _kind, result = run(monkeypatch, {"name": "x", "load": ["vfio"]}, check=True)
+    assert result["reboot_required"] is True and result["loaded_blacklisted"] == []
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"name": "bad name"}, "name 'bad name' is not valid"),
+    ({"name": "../etc"}, "name '../etc' is not valid"),
+    ({"name": "-x"}, "name '-x' is not valid"),
+    ({"name": ""}, "name '' is not valid"),
+    ({"name": "a/b"}, "name 'a/b' is not valid"),
+    ({"name": "s", "blacklist": ["nou veau"]}, "blacklist: 'nou veau' is not a kernel module name"),
+    ({"name": "s", "load": ["vfio", "vfio pci"]}, "load: 'vfio pci' is not a kernel module name"),
+    ({"name": "s", "initramfs": ["../x"]}, "initramfs: '../x' is not a kernel module name"),
+    ({"name": "s", "options": {"bad mod": "x=1"}}, "options: 'bad mod' is not a kernel module name"),
+    ({"name": "s", "options": {"nouveau": "modeset=0\nblacklist nvidia"}},
+     "options for nouveau: 'modeset=0\\nblacklist nvidia' is not a parameter string"),
+    ({"name": "s", "options": {"nouveau": "modeset=0 # off"}},
+     "options for nouveau: 'modeset=0 # off' is not a parameter string"),
+    ({"name": "s", "options": {"nouveau": "a=1\rb=2"}}, "options for nouveau: 'a=1\\rb=2' is not a parameter"),
+    ({"name": "s", "options": {"nouveau": ""}}, "options for nouveau: '' is not a parameter string"),
+    ({"name": "s", "options": {"nouveau": " modeset=0"}}, "options for nouveau: ' modeset=0' is not a parameter"),
+    ({"name": "s", "options": {"nouveau": ["modeset=0"]}}, "options for nouveau: ['modeset=0'] is not a parameter"),
+    ({"name": "s", "softdeps": {"nvidia": "vfio-pci"}},
+     "softdeps for nvidia: expected a non-empty list of module names, got 'vfio-pci'"),
+    ({"name": "s", "softdeps": {"nvidia": []}}, "softdeps for nvidia: expected a non-empty list of module names, got []"),
+    ({"name": "s", "softdeps": {"nvidia": None}}, "softdeps for nvidia: expected a non-empty list"),
+    ({"name": "s", "softdeps": {"nvidia": ["vfio pci"]}}, "softdeps for nvidia: 'vfio pci' is not a kernel module"),
+    ({"name": "s", "softdeps": {"nv idia": ["vfio"]}}, "softdeps: 'nv idia' is not a kernel module name"),
+    ({"name": "s", "timeout": 0}, "timeout must be a positive number of seconds, got 0"),
+    ({"name": "s", "timeout": -5}, "timeout must be a positive number of seconds, got -5"),
+])
+def test_bad_input_fails_naming_the_value_and_writes_nothing(monkeypatch, host, args, message):
+    before = host.tree.snapshot()
+    for check in (False, True):
+        kind, result = run(monkeypatch, dict(args, blacklist=args.get("blacklist", ["nouveau"])), check=check)
+        assert kind == "fail", result
+        assert result["msg"].startswith(message), result["msg"]
+    assert host.tree.snapshot() == before and host.commands == []
+
+
+@pytest.mark.parametrize("args", [
+    {"name": "gpuops\n", "blacklist": ["nouveau"]},
+    {"name": "s", "blacklist": ["nouveau\n"]},
+    {"name": "s", "options": {"nouveau": "modeset=0\n"}},
+])
+def test_trailing_newline_is_refused(monkeypatch, host, args):
+    before = host.tree.snapshot()
+    kind, _result = run(monkeypatch, args)
+    assert kind == "fail"
+    assert host.tree.snapshot() == before
+
+
+def test_name_is_required(monkeypatch, host):
+    kind, result = run(monkeypatch, {"blacklist": ["nouveau"]})
+    assert kind == "fail" and "name" in result["msg"]
+
+
+# --------------------------------------------------------------------------- never a traceback
+
+MODULE_NAMES = hs.one_of(hs.sampled_from(["nouveau", "vfio_pci", "vfio-pci", "bad name", "", "a#b"]),
+                         hs.text(max_size=6))
+OPTION_VALUES = hs.one_of(hs.sampled_from(["modeset=0", "a=1 b=2", "x\ny", "#", ""]), hs.text(max_size=8),
+                          hs.integers(), hs.none(), hs.lists(hs.text(max_size=3), max_size=2))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=hs.fixed_dictionaries({"name": hs.one_of(hs.sampled_from(["gpuops-x", "a b", ""]), hs.text(max_size=8))},
+                                  optional={
+    "blacklist": hs.lists(MODULE_NAMES, max_size=3),
+    "load": hs.lists(MODULE_NAMES, max_size=3),
+    "initramfs": hs.lists(MODULE_NAMES, max_size=3),
+    "options": hs.dictionaries(MODULE_NAMES, OPTION_VALUES, max_size=2),
+    "softdeps": hs.dictionaries(MODULE_NAMES, hs.one_of(hs.lists(MODULE_NAMES, max_size=2), OPTION_VALUES),
+                                max_size=2),
+    "state": hs.sampled_from(["present", "absent", "bogus"]),
+    "initramfs_tool": hs.sampled_from(["auto", "dracut", "initramfs-tools", "none", "mkinitcpio"]),
+    "timeout": hs.one_of(hs.integers(min_value=-2, max_value=5), hs.text(max_size=3)),
+}), check=hs.booleans())
+def test_fuzz_never_raises(monkeypatch, host, args, check):
+    kind, result = run(monkeypatch, args, check=check)
+    if kind == "fail":
+        assert isinstance(result["msg"], str) and result["msg"]
+    else:
+        assert isinstance(result["changed"], bool)
