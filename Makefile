@@ -13,7 +13,7 @@ export ANSIBLE_FORCE_COLOR ?= 0
 LAB := $(BIN)/python lab/gpulab.py
 
 .PHONY: venv hostdeps lab lab-stop lab-status lab-reset site test lint sanity unit integration \
-	molecule bench bench-modules bench-hosts build clean
+	molecule bench bench-modules bench-hosts build docs galaxy-import clean
 
 # One command creates the Python environment from nothing (re-run when requirements change).
 venv: $(VENV)/.stamp $(COLL_LINK)
@@ -74,6 +74,13 @@ bench-hosts: venv hostdeps
 build: venv
 	mkdir -p .build/dist
 	ansible-galaxy collection build --force --output-path .build/dist
+
+# The documentation site (antsibull-docs + Sphinx) into .build/docs/html, and galaxy-importer's verdict on
+# the built collection; each in a virtualenv of its own under .build/. Both also run in `make integration`.
+docs: venv
+	scripts/build-docs.sh
+galaxy-import: venv
+	scripts/galaxy-import.sh
 
 clean:
 	-$(LAB) stop

@@ -17,7 +17,7 @@ description:
     node, whether it is the boot VGA device, its IOMMU group with every member of the group, whether
     the group is viable for passthrough, SR-IOV state, legacy mdev types and NVIDIA vendor-specific
     vGPU types.
-  - Also returns a summary of the IOMMU state, every mdev parent device of the host, and C(gpuops_host):
+  - Also returns a summary of the IOMMU state, every mdev parent device of the host, and C(gpuops_host) -
     the operating system, the running kernel, the live mediated devices, SR-IOV VF counts of the selected
     functions, and which of this collection's boot files are on the host (what host preparation and workload
     type switches look at).

@@ -43,7 +43,7 @@ options:
     default: {}
   softdeps:
     description:
-      - Modules to load before a module, as module name to list of modules (C(softdep <module> pre: ...)).
+      - "Modules to load before a module, as module name to list of modules (C(softdep <module> pre: ...))."
     type: dict
     default: {}
   load:

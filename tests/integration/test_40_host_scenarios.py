@@ -54,7 +54,7 @@ def scenario_runs(running_lab):
     procs = {name: molecule(name, {"GPUOPS_MOLECULE_KEEP": "1"}) for name in SCENARIOS}
     results = {}
     for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=3600)
+        out = proc.communicate(timeout=3600)[0]
         results[name] = (proc.returncode, out, time.monotonic() - started)
     return results
 
@@ -76,7 +76,7 @@ def test_workload_scenario(scenario_runs, scenario):
 def test_switch_scenario(scenario_runs):
     assert scenario_runs["vm_passthrough"][0] == 0, "the switch scenario starts from the vm_passthrough host"
     proc = molecule("switch", {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"})
-    out, _ = proc.communicate(timeout=3600)
+    out = proc.communicate(timeout=3600)[0]
     assert proc.returncode == 0, out[-10000:]
     # The host was already a vm-passthrough node: no reboot on converge; one per switch.
     assert reboots(action_output(out, "converge")) == 0

@@ -1,0 +1,109 @@
+"""playbooks/site.yml run through ansible-runner the way AWX runs a job, on the lab.
+
+AWX (and Automation Platform) does not call ansible-playbook itself: it lays out a private data dir
+(project/, inventory/ with an executable inventory script, env/extravars, env/envvars, env/settings)
+and hands it to ansible-runner, then reads the job's events. This test does the same with the lab
+inventory and asserts the run's status, return code and each host's events.
+"""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import ansible_runner
+
+from conftest import TOP
+
+LAB_INVENTORY = os.path.join(TOP, "inventories", "lab")
+
+INVENTORY_SCRIPT = """#!%(python)s
+# Inventory script, as AWX writes one into a job's private data dir.
+import json
+import sys
+
+DATA = %(data)s
+if len(sys.argv) > 1 and sys.argv[1] == "--host":
+    print(json.dumps(DATA["_meta"]["hostvars"].get(sys.argv[2], {})))
+else:
+    print(json.dumps(DATA))
+"""
+
+
+def awx_inventory(source):
+    """The inventory as AWX hands it to a job: one JSON document, hosts' variables resolved per host."""
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-inventory"), "-i", source, "--list"],
+                         cwd=TOP, check=True, text=True, stdout=subprocess.PIPE).stdout
+    # AWX stores inventory variables as text, so a path relative to the inventory must be resolved
+    # before it leaves the inventory directory.
+    return json.loads(out.replace("{{ inventory_dir }}", source))
+
+
+def private_data_dir(base, extravars, envvars):
+    """Lay out a private data dir as AWX does for a job; return its path."""
+    pdd = os.path.join(base, "pdd")
+    for sub in ("env", "inventory"):
+        os.makedirs(os.path.join(pdd, sub))
+    # AWX copies the project revision into project/; the checkout stands in for it.
+    os.symlink(TOP, os.path.join(pdd, "project"))
+    script = os.path.join(pdd, "inventory", "hosts")
+    with open(script, "w", encoding="utf-8") as handle:
+        handle.write(INVENTORY_SCRIPT % {"python": sys.executable, "data": repr(awx_inventory(LAB_INVENTORY))})
+    os.chmod(script, stat.S_IRWXU)
+    for name, data in (("extravars", extravars), ("envvars", envvars),
+                       ("settings", {"job_timeout": 2400, "suppress_ansible_output": True})):
+        with open(os.path.join(pdd, "env", name), "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+    return pdd
+
+
+def host_events(run, event):
+    return [e for e in run.events if e.get("event") == event]
+
+
+def test_site_through_ansible_runner(running_lab, tmp_path):
+    extravars = {"awx_job_id": 15, "awx_job_template_name": "gpuops full site", "tower_job_id": 15}
+    envvars = {
+        "ANSIBLE_CONFIG": os.path.join(TOP, "ansible.cfg"),
+        "ANSIBLE_COLLECTIONS_PATH": os.path.join(TOP, ".build", "collections"),
+        "ANSIBLE_FORCE_COLOR": "False",
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+    }
+    pdd = private_data_dir(str(tmp_path), extravars, envvars)
+    run = ansible_runner.run(private_data_dir=pdd, playbook="playbooks/site.yml",
+                             inventory=os.path.join(pdd, "inventory", "hosts"),
+                             extravars={"awx_job_launch_type": "manual"}, envvars={"JOB_ID": "15"},
+                             quiet=True, timeout=2400)
+    stdout = run.stdout.read()
+    assert run.status == "successful" and run.rc == 0, (run.status, run.rc, stdout[-6000:])
+
+    failed = [(e["event_data"].get("host"), e["event_data"].get("task")) for e in host_events(run, "runner_on_failed")
+              if not e["event_data"].get("ignore_errors")]
+    unreachable = [e["event_data"].get("host") for e in host_events(run, "runner_on_unreachable")]
+    assert not failed and not unreachable, (failed, unreachable)
+    assert set(running_lab) <= set(run.stats["ok"]), run.stats
+    assert not run.stats["failures"] and not run.stats["dark"], run.stats
+
+    # The extra variables reached the play, as AWX's do.
+    start = host_events(run, "playbook_on_start")
+    assert start and start[0]["event_data"].get("playbook") == "playbooks/site.yml"
+
+    # Each host's readiness report names its workload type from the inventory groups, and says ready.
+    summaries = {}
+    for event in host_events(run, "runner_on_ok"):
+        facts = event["event_data"].get("res", {}).get("ansible_facts") or {}
+        report = facts.get("host_verify_report")
+        if isinstance(report, dict):
+            summaries[event["event_data"]["host"]] = report
+    inventory = awx_inventory(LAB_INVENTORY)
+    for host in running_lab:
+        groups = [g for g in ("container", "vm_passthrough", "vm_vgpu", "dra") if host in inventory.get(g, {}).get("hosts", [])]
+        assert host in summaries, "no readiness report for %s: %s" % (host, sorted(summaries))
+        assert groups and summaries[host]["workload_type"] == groups[0].replace("_", "-"), (host, groups, summaries[host])
+        assert summaries[host]["ready"] is True, summaries[host]
+
+    # ansible-runner kept the artifacts AWX stores with the job: events and the exit code.
+    artifacts = run.config.artifact_dir
+    assert os.path.isfile(os.path.join(artifacts, "rc"))
+    assert os.listdir(os.path.join(artifacts, "job_events"))
