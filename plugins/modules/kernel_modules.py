@@ -72,6 +72,14 @@ options:
     type: str
     choices: [auto, initramfs-tools, dracut, none]
     default: auto
+  rebuild:
+    description:
+      - When to rebuild the initramfs. V(changed) rebuilds when a file of this set changed; V(always) rebuilds
+        even when nothing changed (to pick up another set written with V(never) in the same run); V(never) writes
+        the files only and says in RV(initramfs_pending) that a rebuild is due.
+    type: str
+    choices: [changed, always, never]
+    default: changed
   timeout:
     description:
       - Seconds the initramfs rebuild may take before it is stopped and the files are rolled back.
@@ -143,6 +151,10 @@ initramfs_tool:
   sample: initramfs-tools
 initramfs_rebuilt:
   description: Whether the initramfs was (or in check mode would be) rebuilt.
+  returned: always
+  type: bool
+initramfs_pending:
+  description: True when files changed but the initramfs was not rebuilt (O(rebuild=never) or no generator).
   returned: always
   type: bool
 reboot_required:
@@ -295,15 +307,16 @@ def run(module, root):
     tool = detect_tool(module, params["initramfs_tool"], root)
     wanted = wanted_files(params, tool)
     changes = _persist.changed_files(root, wanted)
-    rebuild = bool(changes) and tool != "none"
+    rebuild = tool != "none" and (params["rebuild"] == "always" or (bool(changes) and params["rebuild"] == "changed"))
     loaded = loaded_modules(root, params["blacklist"]) if params["state"] == "present" else []
     result = {
-        "changed": bool(changes),
+        "changed": bool(changes) or rebuild,
         "files": [{"path": path, "state": "absent" if wanted[path] is None else "present",
                    "changed": path in changes} for path in sorted(wanted)
                   if wanted[path] is not None or path in changes],
         "initramfs_tool": tool,
         "initramfs_rebuilt": rebuild,
+        "initramfs_pending": bool(changes) and not rebuild,
         "reboot_required": bool(changes) or bool(loaded),
         "loaded_blacklisted": loaded,
     }
@@ -314,7 +327,7 @@ def run(module, root):
     if tool == "none" and changes and params["initramfs"]:
         module.warn("no initramfs generator was found or initramfs_tool=none: rebuild the initramfs yourself "
                     "for the modules of set %s to be in it" % params["name"])
-    if module.check_mode or not changes:
+    if module.check_mode or not (changes or rebuild):
         return result
 
     # Find the generator before writing anything, so a missing one changes nothing.
@@ -359,6 +372,7 @@ def build_module():
             initramfs=dict(type="list", elements="str", default=[]),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             initramfs_tool=dict(type="str", choices=["auto", "initramfs-tools", "dracut", "none"], default="auto"),
+            rebuild=dict(type="str", choices=["changed", "always", "never"], default="changed"),
             timeout=dict(type="int", default=900),
         ),
         supports_check_mode=True,

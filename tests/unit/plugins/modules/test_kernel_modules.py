@@ -553,3 +553,36 @@ def test_fuzz_never_raises(monkeypatch, host, args, check):
         assert isinstance(result["msg"], str) and result["msg"]
     else:
         assert isinstance(result["changed"], bool)
+
+
+# --------------------------------------------------------------------------- rebuild option
+
+
+def test_rebuild_never_writes_files_and_reports_the_pending_rebuild(monkeypatch, host):
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild="never"))
+    assert kind == "exit", result
+    assert result["changed"] is True and result["initramfs_rebuilt"] is False
+    assert result["initramfs_pending"] is True
+    assert host.commands == []
+    assert host.files()[MODPROBE] == MODPROBE_TEXT
+
+
+def test_rebuild_always_rebuilds_an_unchanged_set_once(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    host.commands.clear()
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild="always"))
+    assert kind == "exit", result
+    assert result["changed"] is True and result["initramfs_rebuilt"] is True
+    assert result["initramfs_pending"] is False
+    assert host.commands == [[UPDATE_INITRAMFS, "-u", "-k", "all"]]
+    # In check mode the same call says it would rebuild, and runs nothing.
+    host.commands.clear()
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild="always"), check=True)
+    assert result["changed"] is True and result["initramfs_rebuilt"] is True and host.commands == []
+
+
+def test_rebuild_changed_is_idempotent(monkeypatch, host):
+    run(monkeypatch, dict(VFIO_ARGS, rebuild="changed"))
+    host.commands.clear()
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild="changed"))
+    assert kind == "exit" and result["changed"] is False and host.commands == []
