@@ -269,10 +269,18 @@ DEFINITIONS_HEADER = (
 RESTORE_SCRIPT_TEXT = r"""#!/bin/sh
 # Managed by gpuops.sandbox.sriov_vfs: set the SR-IOV VF count of each recorded PF again at boot.
 # A PF whose driver is not bound yet is retried a bounded number of times; the count goes through 0.
+# With "stop" (at shutdown) the VFs are removed in order before the PF's driver goes away.
 conf=${1:-/etc/gpuops/sriov-vfs.conf}
 tries=${GPUOPS_SRIOV_TRIES:-30}
 status=0
 pending=$(grep -Ev '^[[:space:]]*(#|$)' "$conf")
+if [ "${2:-start}" = stop ]; then
+    echo "$pending" | while read -r pf count autoprobe; do
+        [ -n "$pf" ] && [ -w "/sys/bus/pci/devices/$pf/sriov_numvfs" ] || continue
+        echo 0 > "/sys/bus/pci/devices/$pf/sriov_numvfs" && echo "stopped: $pf VFs removed"
+    done
+    exit 0
+fi
 attempt=0
 while [ -n "$pending" ]; do
     attempt=$((attempt + 1))
@@ -325,7 +333,9 @@ Before=gpuops-mdev-restore.service nvidia-vgpu-mgr.service libvirtd.service kube
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/bin/sh %(script)s %(conf)s
+ExecStop=/bin/sh %(script)s %(conf)s stop
 TimeoutStartSec=300
+TimeoutStopSec=60
 
 [Install]
 WantedBy=multi-user.target
