@@ -11,8 +11,10 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 LAB := $(BIN)/python lab/gpulab.py
+KUBE := $(BIN)/python lab/kubelab.py
 
-.PHONY: venv hostdeps lab lab-stop lab-status lab-reset site test lint sanity unit integration \
+.PHONY: venv hostdeps lab lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site test \
+	checks lint sanity unit integration \
 	molecule bench bench-modules bench-hosts build docs galaxy-import clean
 
 # One command creates the Python environment from nothing (re-run when requirements change).
@@ -40,11 +42,28 @@ lab-status: venv
 lab-reset: venv
 	$(LAB) reset
 
-# The main job on the embedded default: the local lab.
-site: lab
-	ansible-playbook playbooks/site.yml -i inventories/lab/
+# The cluster lab: etcd + kube-apiserver on loopback with the project's fixtures (a healthy one is reused).
+kube-binaries: venv hostdeps
+	$(KUBE) build
+kube: kube-binaries
+	$(KUBE) start
+	$(KUBE) fixtures
+kube-stop: venv
+	$(KUBE) stop
+kube-status: venv
+	$(KUBE) status
 
-test: lint sanity unit integration
+# The main job on the embedded default: the local lab (QEMU hosts and the API server).
+site: lab kube
+	eval "$$($(KUBE) env)" && ansible-playbook playbooks/site.yml -i inventories/lab/ \
+		-e gpuops_kubeconfig="$$K8S_AUTH_KUBECONFIG"
+
+# Every test. The Kubernetes build (minutes on a fresh machine, cached after) overlaps the quick tiers.
+test: venv hostdeps
+	$(MAKE) -j2 kube-binaries checks
+	$(MAKE) integration
+checks:
+	$(MAKE) -j1 lint sanity unit
 
 lint: venv
 	yamllint -s .
@@ -56,8 +75,8 @@ sanity: venv
 unit: venv
 	pytest -q tests/unit
 
-integration: lab
-	pytest -q tests/integration
+integration: lab kube
+	pytest -q --durations=0 tests/integration
 
 bench: venv hostdeps
 	$(BIN)/python scripts/bench.py
@@ -84,4 +103,5 @@ galaxy-import: venv
 
 clean:
 	-$(LAB) stop
+	-$(KUBE) stop
 	rm -rf .build .lab tests/output

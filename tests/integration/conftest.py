@@ -37,3 +37,39 @@ def running_lab():
     """The whole lab, running (a no-op when `make integration` already started it)."""
     lab("start", check=True)
     return lab_status()
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster lab: a real etcd + kube-apiserver on loopback (lab/kubelab.py)
+# ---------------------------------------------------------------------------------------------
+
+KUBELAB = [sys.executable, os.path.join(TOP, "lab", "kubelab.py")]
+
+
+def kubelab(*args, **kwargs):
+    """Run lab/kubelab.py with the given arguments (env= overrides, e.g. GPUOPS_KUBE_STATE)."""
+    kwargs.setdefault("timeout", 5400)
+    return run(KUBELAB + list(args), **kwargs)
+
+
+def kubelab_status(env=None):
+    return json.loads(kubelab("status", "--json", check=True, env=env, timeout=120).stdout)
+
+
+@pytest.fixture(scope="session")
+def kube_api():
+    """The cluster lab's API server with the project's fixtures, for the whole session.
+
+    Builds the binaries (cached in .cache/kube), starts etcd and kube-apiserver (a healthy one started
+    by `make kube` is reused) and applies the fixture CRDs, objects and lab Nodes. Yields a dict:
+    server, kubeconfig (admin), kubeconfig_unauthorised (no RBAC rights), bin_dir (kube-apiserver,
+    kubectl, helm), versions, pids, ports. Stops the server at the end unless GPUOPS_KUBE_KEEP=1.
+    """
+    kubelab("build", check=True)
+    kubelab("start", check=True, timeout=600)
+    kubelab("fixtures", check=True, timeout=600)
+    status = kubelab_status()
+    assert status["state"] == "running", status
+    yield status
+    if os.environ.get("GPUOPS_KUBE_KEEP") != "1":
+        kubelab("stop", check=True, timeout=120)
