@@ -207,6 +207,8 @@ import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     BLS_ENTRIES_DIR,
     GRUB_DEFAULTS,
@@ -707,7 +709,8 @@ def run_module(module, root="/"):
 
 
 def build_module():
-    return AnsibleModule(
+    return create_module(
+        AnsibleModule,
         argument_spec=dict(
             arguments=dict(type="list", elements="raw", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),

@@ -175,6 +175,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
@@ -362,7 +363,8 @@ def _run_with_timeout(module, cmd, timeout):
 
 
 def build_module():
-    return AnsibleModule(
+    return create_module(
+        AnsibleModule,
         argument_spec=dict(
             name=dict(type="str", required=True),
             blacklist=dict(type="list", elements="str", default=[]),

@@ -209,6 +209,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
 
@@ -217,7 +218,8 @@ ROOT = "/"
 
 
 def build_module():
-    return AnsibleModule(
+    return create_module(
+        AnsibleModule,
         argument_spec=dict(
             type=dict(type="str", required=True),
             parents=dict(type="list", elements="str", aliases=["parent"]),

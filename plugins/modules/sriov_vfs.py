@@ -153,6 +153,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _sriov
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 
@@ -161,7 +162,8 @@ ROOT = "/"
 
 
 def build_module():
-    return AnsibleModule(
+    return create_module(
+        AnsibleModule,
         argument_spec=dict(
             pf=dict(type="str", required=True, aliases=["address"]),
             count=dict(type="int"),

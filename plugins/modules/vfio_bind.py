@@ -271,6 +271,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTOR_ARGUMENT_SPEC,
@@ -288,7 +289,8 @@ MODPROBE_TIMEOUT = 60
 
 
 def build_module():
-    return AnsibleModule(
+    return create_module(
+        AnsibleModule,
         argument_spec=dict(
             state=dict(type="str", choices=["present", "absent"], default="present"),
             **SELECTOR_ARGUMENT_SPEC,

@@ -342,3 +342,13 @@ def test_fuzz_never_raises(host, args, check):
     assert isinstance(result, dict)
     if failed:
         assert isinstance(result["msg"], str) and result["msg"]
+
+
+@pytest.mark.parametrize("value", ["inf", "INFINITY", "-Infinity", "nan"])
+def test_integer_option_that_is_not_finite_fails_cleanly(host, value):
+    # ansible-core's int conversion raises OverflowError/ValueError on these; the module must fail instead.
+    tree, _kernel = host
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "count": value})
+    assert failed, result
+    # Either ansible-core's own message or the module's; both name the option and the value.
+    assert "count" in result["msg"] and value.lower() in result["msg"].lower()
