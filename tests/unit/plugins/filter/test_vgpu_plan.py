@@ -214,9 +214,12 @@ def test_plan_ignores_vfs_listed_as_gpus(tmp_path):
 # --------------------------------------------------------------------------- errors
 
 
-def fails(match, facts=None, cfg=CONFIG, name="A10-8Q", **kwargs):
+_DEFAULT = object()
+
+
+def fails(match, facts=None, cfg=_DEFAULT, name="A10-8Q", **kwargs):
     with pytest.raises(AnsibleFilterError, match=match):
-        vgpu_plan(facts if facts is not None else facts_two_a10(), cfg, name, **kwargs)
+        vgpu_plan(facts if facts is not None else facts_two_a10(), CONFIG if cfg is _DEFAULT else cfg, name, **kwargs)
 
 
 def test_unknown_config_lists_the_defined_ones():

@@ -90,9 +90,15 @@ def host(tmp_path, monkeypatch):
     tree.mkdir("/etc/modprobe.d")
     tree.mkdir("/sys/module/vfio")
     fake = Host(tree)
-    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda module, *a, **kw: fake.get_bin_path(module, *a, **kw))
-    monkeypatch.setattr(basic.AnsibleModule, "run_command", lambda module, *a, **kw: fake.run_command(module, *a, **kw))
-    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda module, *a, **kw: fake.warn(module, *a, **kw))
+    # A lambda, not fake.get_bin_path itself: a bound method put on the class would not receive the module.
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path",  # pylint: disable=unnecessary-lambda
+                        lambda module, *a, **kw: fake.get_bin_path(module, *a, **kw))
+    # A lambda, not fake.run_command itself: a bound method put on the class would not receive the module.
+    monkeypatch.setattr(basic.AnsibleModule, "run_command",  # pylint: disable=unnecessary-lambda
+                        lambda module, *a, **kw: fake.run_command(module, *a, **kw))
+    # A lambda, not fake.warn itself: a bound method put on the class would not receive the module.
+    monkeypatch.setattr(basic.AnsibleModule, "warn",  # pylint: disable=unnecessary-lambda
+                        lambda module, *a, **kw: fake.warn(module, *a, **kw))
     monkeypatch.setattr(kernel_modules, "ROOT", tree.root)
     return fake
 
@@ -292,8 +298,8 @@ def test_second_run_is_idempotent(monkeypatch, host):
         assert kind == "exit", result
         assert result["changed"] is False and result["initramfs_rebuilt"] is False
         assert result["reboot_required"] is False and result["diff"] == []
-        assert [(f["path"], f["changed"]) for f in result["files"]] == [(MODPROBE, False), (LOAD, False),
-                                                                       (ITOOLS, False)]
+        wanted = [(MODPROBE, False), (LOAD, False), (ITOOLS, False)]
+        assert [(f["path"], f["changed"]) for f in result["files"]] == wanted
     assert host.commands == [] and host.tree.snapshot() == before  # mtimes included
 
 
