@@ -32,7 +32,7 @@ VENV_BIN = os.path.join(TOP, ".venv", "bin")
 PYTHON = os.path.join(VENV_BIN, "python") if os.path.exists(os.path.join(VENV_BIN, "python")) else sys.executable
 LAB = [PYTHON, os.path.join(TOP, "lab", "gpulab.py")]
 HOSTS = {"lab-container": "container", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu"}
-REBOOT_RE = re.compile(r"TASK \[[^\]]*Reboot once[^\]]*\][^\n]*\n(?:(?!TASK \[)[^\n]*\n)*?changed: ")
+REBOOT_RE = re.compile(r"TASK \[[^\]]*Reboot once[^\]]*\][^\n]*\n(?:(?![^\n]*TASK \[)[^\n]*\n)*?[^\n]*changed: ")
 FACTS_PLAY = "- name: Gather facts only\n  hosts: all\n  gather_facts: true\n  tasks: []\n"
 
 

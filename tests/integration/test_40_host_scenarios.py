@@ -26,13 +26,25 @@ def molecule(scenario, env=None):
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env.update(env or {})
+    full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400")
     return subprocess.Popen(["molecule", "test", "-s", scenario], cwd=TOP, env=full_env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain(text):
+    """Molecule's output without colours, its box margin, or the wrapping of long lines."""
+    text = ANSI_RE.sub("", text)
+    text = re.sub(r"\n[ \t]*│ {3}", " ", text)
+    return re.sub(r"(?m)^[ \t]*[│┌└][─ ]?", "", text)
+
+
 def action_output(out, action):
     """The part of a molecule run's output that belongs to one action (converge, idempotence...)."""
-    marks = [(m.start(), m.group(1)) for m in re.finditer(r"INFO\s+\S*\s*➜?\s*(\w+): (?:Executing|Starting)", out)]
+    out = plain(out)
+    marks = [(m.start(), m.group(1)) for m in re.finditer(r"INFO\s+\w+\s+➜\s+(\w+): Executing", out)]
     if not marks:
         marks = [(m.start(), m.group(1)) for m in re.finditer(r"Running \S+ > (\w+)", out)]
     for index, (start, name) in enumerate(marks):
@@ -44,7 +56,7 @@ def action_output(out, action):
 
 def reboots(text):
     """Reboot tasks that really ran (changed) in a play's output."""
-    return len(re.findall(r"TASK \[[^\]]*%s[^\]]*\][^\n]*\n(?:(?!TASK \[)[^\n]*\n)*?changed: " % re.escape(REBOOT_TASK), text))
+    return len(re.findall(r"TASK \[[^\]]*%s[^\]]*\][^\n]*\n(?:(?![^\n]*TASK \[)[^\n]*\n)*?[^\n]*changed: " % re.escape(REBOOT_TASK), text))
 
 
 @pytest.fixture(scope="module")
