@@ -49,7 +49,8 @@ def action_output(out, action):
         marks = [(m.start(), m.group(1)) for m in re.finditer(r"Running \S+ > (\w+)", out)]
     for index, (start, name) in enumerate(marks):
         if name == action:
-            end = marks[index + 1][0] if index + 1 < len(marks) else len(out)
+            # An action may log several "Executing" lines; it ends where another action starts.
+            end = next((pos for pos, other in marks[index + 1:] if other != action), len(out))
             return out[start:end]
     return ""
 
