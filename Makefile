@@ -15,7 +15,7 @@ KUBE := $(BIN)/python lab/kubelab.py
 
 .PHONY: venv hostdeps lab lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site test \
 	checks lint sanity unit integration \
-	molecule bench bench-modules bench-hosts build docs galaxy-import clean
+	molecule bench bench-modules bench-hosts bench-cluster validate build docs galaxy-import clean
 
 # One command creates the Python environment from nothing (re-run when requirements change).
 venv: $(VENV)/.stamp $(COLL_LINK)
@@ -89,6 +89,16 @@ bench-modules: venv hostdeps
 # re-run, and the re-run against a facts-only play (three lab hosts at once).
 bench-hosts: venv hostdeps
 	$(BIN)/python scripts/bench_hosts.py
+
+# Node labels and the KubeVirt allowlist for 1,000 Node objects on a private API server: the collection's
+# modules against a naive per-node kubernetes.core.k8s loop (wall time and API requests).
+bench-cluster: venv
+	$(BIN)/python scripts/bench_cluster.py
+
+# The validation playbook (operator state labels, GPU resources, a test VM) against the lab's API server.
+validate: lab kube
+	eval "$$($(KUBE) env)" && ansible-playbook playbooks/validate.yml -i inventories/lab/ \
+		-e gpuops_kubeconfig="$$K8S_AUTH_KUBECONFIG"
 
 build: venv
 	mkdir -p .build/dist

@@ -62,13 +62,15 @@ def host_events(run, event):
     return [e for e in run.events if e.get("event") == event]
 
 
-def test_site_through_ansible_runner(running_lab, tmp_path):
-    extravars = {"awx_job_id": 15, "awx_job_template_name": "gpuops full site", "tower_job_id": 15}
+def test_site_through_ansible_runner(running_lab, kube_api, tmp_path):
+    # The kubeconfig as AWX's kubeconfig credential type hands it over: an extra variable naming a file.
+    extravars = {"awx_job_id": 15, "awx_job_template_name": "gpuops full site", "tower_job_id": 15,
+                 "gpuops_kubeconfig": kube_api["kubeconfig"]}
     envvars = {
         "ANSIBLE_CONFIG": os.path.join(TOP, "ansible.cfg"),
         "ANSIBLE_COLLECTIONS_PATH": os.path.join(TOP, ".build", "collections"),
         "ANSIBLE_FORCE_COLOR": "False",
-        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        "PATH": os.pathsep.join([kube_api["bin_dir"], os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
     }
     pdd = private_data_dir(str(tmp_path), extravars, envvars)
     run = ansible_runner.run(private_data_dir=pdd, playbook="playbooks/site.yml",

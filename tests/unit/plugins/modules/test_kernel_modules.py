@@ -91,14 +91,14 @@ def host(tmp_path, monkeypatch):
     tree.mkdir("/sys/module/vfio")
     fake = Host(tree)
     # A lambda, not fake.get_bin_path itself: a bound method put on the class would not receive the module.
-    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path",  # pylint: disable=unnecessary-lambda
-                        lambda module, *a, **kw: fake.get_bin_path(module, *a, **kw))
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path",
+                        lambda module, *a, **kw: fake.get_bin_path(module, *a, **kw))  # pylint: disable=unnecessary-lambda
     # A lambda, not fake.run_command itself: a bound method put on the class would not receive the module.
-    monkeypatch.setattr(basic.AnsibleModule, "run_command",  # pylint: disable=unnecessary-lambda
-                        lambda module, *a, **kw: fake.run_command(module, *a, **kw))
+    monkeypatch.setattr(basic.AnsibleModule, "run_command",
+                        lambda module, *a, **kw: fake.run_command(module, *a, **kw))  # pylint: disable=unnecessary-lambda
     # A lambda, not fake.warn itself: a bound method put on the class would not receive the module.
-    monkeypatch.setattr(basic.AnsibleModule, "warn",  # pylint: disable=unnecessary-lambda
-                        lambda module, *a, **kw: fake.warn(module, *a, **kw))
+    monkeypatch.setattr(basic.AnsibleModule, "warn",
+                        lambda module, *a, **kw: fake.warn(module, *a, **kw))  # pylint: disable=unnecessary-lambda
     monkeypatch.setattr(kernel_modules, "ROOT", tree.root)
     return fake
 

@@ -1,0 +1,160 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+name: gpu_hosts
+short_description: What the cluster side needs to know of each GPU host, from its host variables and facts
+version_added: 0.2.0
+description:
+  - Takes the host variables of the GPU hosts (C(groups['gpu_nodes'] | map('extract', hostvars))) and
+    returns one entry per host with its Kubernetes node name, workload type, vGPU config, the labels
+    and taints its node should carry (see P(gpuops.sandbox.gpu_node_labels#filter)), and its GPU facts.
+  - Reads C(gpuops_node_name) (default the inventory name), C(gpuops_workload_type) (default
+    C(container)), C(gpuops_vgpu_config_name), C(gpuops_node_taints) (default null, taints left alone),
+    C(gpuops_gpus) and C(gpuops_mdev_parents) (facts of M(gpuops.sandbox.gpu_facts)).
+  - Fails naming the host and the value for an unknown workload type, a vGPU config name that the vGPU
+    device configuration does not hold, or two hosts with the same node name.
+author:
+  - gpuops.sandbox contributors (@gpuops)
+options:
+  _input:
+    description: Host variables of the GPU hosts.
+    type: list
+    elements: dict
+    required: true
+  vgpu_device_config:
+    description:
+      - The vGPU Device Manager configuration (C(version), C(vgpu-configs)) when the collection
+        provides it; used to check the config names and to know each vGPU host's vGPU types.
+    type: dict
+  vgpu_configs:
+    description:
+      - Config names the vGPU Device Manager knows, when O(vgpu_device_config) is not given (read from
+        the cluster's ConfigMap); null skips the check.
+    type: list
+    elements: str
+  pci_vendor_ids:
+    description: Vendor IDs of the passthrough GPUs, for RV(_value[].resources).
+    type: list
+    elements: str
+    default: ["10de"]
+"""
+
+EXAMPLES = r"""
+- name: Node names, labels and taints of every GPU host
+  ansible.builtin.set_fact:
+    gpu_host_entries: "{{ groups['gpu_nodes'] | map('extract', hostvars) | gpuops.sandbox.gpu_hosts(gpuops_vgpu_device_config) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: One entry per host.
+  type: list
+  elements: dict
+  contains:
+    host:
+      description: Inventory name.
+      type: str
+    name:
+      description: Kubernetes node name.
+      type: str
+    workload_type:
+      description: Workload type.
+      type: str
+    vgpu_config_name:
+      description: vGPU config name (vm-vgpu hosts), else null.
+      type: str
+    vgpu_type_names:
+      description: vGPU types of that config, or null when unknown (every type of the host is permitted).
+      type: list
+      elements: str
+    labels:
+      description: Labels of the node; null values are labels to remove.
+      type: dict
+    taints:
+      description: Taints of the node among the managed ones, or null to leave taints alone.
+      type: list
+      elements: dict
+    gpus:
+      description: The host's C(gpuops_gpus) fact (empty when not gathered).
+      type: list
+      elements: dict
+    mdev_parents:
+      description: The host's C(gpuops_mdev_parents) fact (empty when not gathered).
+      type: list
+      elements: dict
+    resources:
+      description: Resource names the node should advertise in C(status.allocatable) (C(nvidia.com/gpu) on
+        container nodes, the sandbox device plugin's names on VM nodes, none on DRA nodes).
+      type: list
+      elements: str
+"""
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import PlanError, desired_host_devices, workload_labels
+
+
+def _config_types(device_config, name):
+    configs = (device_config or {}).get("vgpu-configs") or {}
+    if not name or name not in configs:
+        return None
+    types = []
+    for entry in configs[name] or []:
+        for vgpu_type in (entry or {}).get("vgpu-devices") or {}:
+            if vgpu_type not in types:
+                types.append(vgpu_type)
+    return types
+
+
+def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_vendor_ids=("10de",)):
+    if vgpu_device_config:
+        if not isinstance(vgpu_device_config, dict) or not isinstance(vgpu_device_config.get("vgpu-configs"), dict):
+            raise AnsibleFilterError("gpuops_vgpu_device_config must be a mapping with a vgpu-configs mapping "
+                                     "(the vGPU Device Manager's config.yaml format)")
+        vgpu_configs = list(vgpu_device_config["vgpu-configs"])
+    entries, seen = [], {}
+    for hv in hostvars_list or []:
+        host = hv.get("inventory_hostname")
+        name = hv.get("gpuops_node_name") or host
+        wtype = hv.get("gpuops_workload_type") or "container"
+        config_name = hv.get("gpuops_vgpu_config_name") or None
+        if name in seen:
+            raise AnsibleFilterError("hosts %s and %s have the same node name %s; set gpuops_node_name" % (seen[name], host, name))
+        seen[name] = host
+        try:
+            labels = workload_labels(wtype, config_name, vgpu_configs)
+        except PlanError as exc:
+            raise AnsibleFilterError("host %s: %s" % (host, exc.msg))
+        taints = hv.get("gpuops_node_taints")
+        entry = {
+            "host": host, "name": name, "workload_type": wtype,
+            "vgpu_config_name": config_name if wtype == "vm-vgpu" else None,
+            "vgpu_type_names": _config_types(vgpu_device_config, config_name) if wtype == "vm-vgpu" else None,
+            "labels": labels,
+            "taints": None if taints is None else list(taints),
+            "gpus": list(hv.get("gpuops_gpus") or []),
+            "mdev_parents": list(hv.get("gpuops_mdev_parents") or []),
+        }
+        if wtype == "container":
+            entry["resources"] = ["nvidia.com/gpu"]
+        else:
+            try:
+                pci, mdev = desired_host_devices([entry], pci_vendor_ids)[:2]
+            except PlanError as exc:  # pragma: no cover - the workload type was checked above
+                raise AnsibleFilterError(exc.msg)
+            entry["resources"] = sorted(set(e["resourceName"] for e in pci + mdev))
+        entries.append(entry)
+    return entries
+
+
+class FilterModule:
+    """Filters for the cluster side."""
+
+    def filters(self):
+        return {"gpu_hosts": gpu_hosts}

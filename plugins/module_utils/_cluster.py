@@ -1,0 +1,332 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Private, pure planning logic of the cluster modules: what to change, never how to send it.
+
+This file is private to the gpuops.sandbox collection: its interface may change at any time.
+Functions take plain dicts (Kubernetes objects as the API server returns them, host facts as
+gpu_facts returns them) and return plain dicts; they raise ``PlanError`` for input that cannot be
+applied. Nothing here talks to the API server, so every rule is unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import parse_version
+
+WORKLOAD_TYPES = ("container", "vm-passthrough", "vm-vgpu", "dra")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+RESOURCE_PREFIX = "nvidia.com/"
+# Annotation on the KubeVirt CR listing the permittedHostDevices entries this collection added, so
+# it can later remove its own stale entries and never anybody else's.
+OWNED_ANNOTATION = "gpuops.sandbox/permitted-host-devices"
+_WHITESPACE_RE = re.compile(r"\s+")
+
+
+class PlanError(Exception):
+    """The input cannot be applied; ``msg`` names the bad value and what to do."""
+
+    def __init__(self, msg):
+        super().__init__(msg)
+        self.msg = msg
+
+
+# ---------------------------------------------------------------------------------------------
+# Node labels and taints
+# ---------------------------------------------------------------------------------------------
+
+def _taint_id(taint):
+    return (taint.get("key"), taint.get("value") or "", taint.get("effect"))
+
+
+def plan_node(node, labels, taints=None, taint_key_prefixes=()):
+    """Work out the merge patch that gives ``node`` the wanted labels and taints.
+
+    ``labels`` maps keys to a value, or to ``None`` for a label that must not be there. ``taints``
+    (None: leave taints alone) is the full list of taints wanted among the managed ones: a taint is
+    managed when its key starts with one of ``taint_key_prefixes`` or it has the key of a wanted
+    taint; the node's other taints are kept as they are. Returns ``(patch, before, after)``; ``patch``
+    is None when the node already matches. ``before``/``after`` hold only what is managed.
+    """
+    metadata = node.get("metadata") or {}
+    current = metadata.get("labels") or {}
+    label_patch = {}
+    for key, value in labels.items():
+        if value is None:
+            if key in current:
+                label_patch[key] = None
+        elif current.get(key) != value:
+            label_patch[key] = value
+    before = {"labels": dict((k, current.get(k)) for k in sorted(labels))}
+    after = {"labels": dict((k, labels[k]) for k in sorted(labels))}
+    patch = {}
+    if label_patch:
+        patch["metadata"] = {"labels": label_patch}
+    if taints is not None:
+        present = (node.get("spec") or {}).get("taints") or []
+        wanted_keys = set(t["key"] for t in taints)
+
+        def managed(taint):
+            key = taint.get("key") or ""
+            return key in wanted_keys or any(key.startswith(p) for p in taint_key_prefixes)
+
+        kept = [t for t in present if not managed(t)]
+        # A wanted taint already on the node is kept as it is (with its timeAdded).
+        present_by_id = dict((_taint_id(t), t) for t in present if managed(t))
+        wanted = []
+        for taint in taints:
+            entry = dict((k, v) for k, v in taint.items() if v is not None)
+            wanted.append(present_by_id.get(_taint_id(entry), entry))
+        new = kept + wanted
+        before["taints"] = sorted([_taint_id(t) for t in present if managed(t)], key=str)
+        after["taints"] = sorted([_taint_id(t) for t in wanted], key=str)
+        if sorted(_taint_id(t) for t in new) != sorted(_taint_id(t) for t in present):
+            patch.setdefault("spec", {})["taints"] = new
+            # The list is replaced whole: refuse to overwrite a change made since we read the node.
+            patch.setdefault("metadata", {})["resourceVersion"] = metadata.get("resourceVersion")
+    return (patch or None), before, after
+
+
+def inverse_patch(node, patch):
+    """The merge patch that undoes ``patch`` on the node as it was before (for rollback)."""
+    undo = {}
+    current = (node.get("metadata") or {}).get("labels") or {}
+    if (patch.get("metadata") or {}).get("labels"):
+        undo["metadata"] = {"labels": dict((k, current.get(k)) for k in patch["metadata"]["labels"])}
+    if "taints" in (patch.get("spec") or {}):
+        undo["spec"] = {"taints": (node.get("spec") or {}).get("taints") or []}
+    return undo
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels of a GPU node from its workload type
+# ---------------------------------------------------------------------------------------------
+
+# Operands the GPU Operator must not run on a DRA node (label nvidia.com/gpu.deploy.<operand>=false):
+# the DRA driver advertises the GPUs and binds them to vfio-pci itself.
+DRA_DISABLED_OPERANDS = ("device-plugin", "sandbox-device-plugin", "vfio-manager")
+WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
+VGPU_CONFIG_LABEL = "nvidia.com/vgpu.config"
+
+
+def workload_labels(workload_type, vgpu_config_name=None, vgpu_configs=None):
+    """The collection's labels of a GPU node (``None`` values: labels to remove).
+
+    ``vgpu_configs`` (when not None) are the config names the vGPU Device Manager knows; a vm-vgpu
+    node's ``vgpu_config_name`` must be one of them.
+    """
+    if workload_type not in WORKLOAD_TYPES:
+        raise PlanError("workload type %r is not one of %s" % (workload_type, ", ".join(WORKLOAD_TYPES)))
+    labels = {WORKLOAD_LABEL: "container" if workload_type == "dra" else workload_type, VGPU_CONFIG_LABEL: None}
+    if workload_type == "vm-vgpu" and vgpu_config_name:
+        if vgpu_configs is not None and vgpu_config_name not in vgpu_configs:
+            raise PlanError("vGPU config %r is not in the vGPU Device Manager's configuration (it has: %s)"
+                            % (vgpu_config_name, ", ".join(sorted(vgpu_configs)) or "none"))
+        labels[VGPU_CONFIG_LABEL] = vgpu_config_name
+    for operand in DRA_DISABLED_OPERANDS:
+        labels["nvidia.com/gpu.deploy.%s" % operand] = "false" if workload_type == "dra" else None
+    return labels
+
+
+# ---------------------------------------------------------------------------------------------
+# KubeVirt permittedHostDevices and feature gates
+# ---------------------------------------------------------------------------------------------
+
+def _vgpu_resource_name(type_name):
+    return RESOURCE_PREFIX + _WHITESPACE_RE.sub("_", type_name.strip("\n"))
+
+
+def _type_selected(name, wanted):
+    if wanted is None:
+        return True
+    return any(name == t or name == "NVIDIA " + t for t in wanted)
+
+
+def desired_host_devices(hosts, pci_vendor_ids=("10de",)):
+    """permittedHostDevices entries for the hosts' facts: ``(pci, mdev, needs_dra, needs_vgpu, notes)``.
+
+    Each host is ``{name, workload_type, gpus, mdev_parents, vgpu_type_names}`` (gpus and
+    mdev_parents as M(gpuops.sandbox.gpu_facts) returns them). vm-passthrough hosts contribute one
+    PCI entry per device ID of their GPUs, named as the sandbox device plugin names it; vm-vgpu hosts
+    one mediated entry per mdev type (only the types named in ``vgpu_type_names`` when it is given).
+    """
+    vendors = set(v.lower() for v in pci_vendor_ids)
+    pci, mdev, notes = {}, {}, []
+    needs_dra = needs_vgpu = False
+    for host in hosts:
+        name = host.get("name") or "?"
+        wtype = host.get("workload_type")
+        if wtype not in WORKLOAD_TYPES:
+            raise PlanError("host %s: workload type %r is not one of %s" % (name, wtype, ", ".join(WORKLOAD_TYPES)))
+        if wtype == "dra":
+            needs_dra = True
+        elif wtype == "vm-passthrough":
+            found = 0
+            for gpu in host.get("gpus") or []:
+                if (gpu.get("vendor") or "").lower() not in vendors or gpu.get("is_vf"):
+                    continue
+                selector = "%s:%s" % (gpu["vendor"].upper(), gpu["device"].upper())
+                resource = gpu.get("sandbox_resource_name") or RESOURCE_PREFIX + gpu["device"].lower()
+                pci[(selector, resource)] = {"pciVendorSelector": selector, "resourceName": resource,
+                                             "externalResourceProvider": True}
+                found += 1
+            if not found:
+                notes.append("host %s (vm-passthrough) has no GPU of vendor %s" % (name, "/".join(sorted(vendors))))
+        elif wtype == "vm-vgpu":
+            needs_vgpu = True
+            wanted = host.get("vgpu_type_names")
+            types = []
+            for gpu in host.get("gpus") or []:
+                types.extend(gpu.get("mdev_types") or [])
+            for parent in host.get("mdev_parents") or []:
+                types.extend(parent.get("types") or [])
+            found = 0
+            for mtype in types:
+                tname = mtype.get("name")
+                if not tname or not _type_selected(tname, wanted):
+                    continue
+                resource = mtype.get("resource_name") or _vgpu_resource_name(tname)
+                mdev[(tname, resource)] = {"mdevNameSelector": tname, "resourceName": resource,
+                                           "externalResourceProvider": True}
+                found += 1
+            if not found:
+                notes.append("host %s (vm-vgpu) offers no mdev type%s" % (
+                    name, " named %s" % ", ".join(wanted) if wanted is not None else ""))
+    pci_list = [pci[k] for k in sorted(pci)]
+    mdev_list = [mdev[k] for k in sorted(mdev)]
+    return pci_list, mdev_list, needs_dra, needs_vgpu, notes
+
+
+def _norm(selector):
+    return (selector or "").strip().upper()
+
+
+def merge_entries(existing, desired, owned, selector_key, kind, prune=True):
+    """Merge ``desired`` entries into ``existing`` (a permittedHostDevices list).
+
+    Entries of anybody else are kept untouched. ``owned`` holds ``(selector, resourceName)`` of the
+    entries this collection added earlier; with ``prune`` those no longer desired are removed.
+    Returns ``(new_list, added, removed, conflicts, now_owned)``.
+    """
+    desired_ids = set((_norm(d[selector_key]), d["resourceName"]) for d in desired)
+    owned = set((_norm(s), r) for s, r in owned)
+    conflicts = []
+    new, removed = [], []
+    present_ids = set()
+    for entry in existing:
+        eid = (_norm(entry.get(selector_key)), entry.get("resourceName"))
+        if eid in owned and eid not in desired_ids and prune:
+            removed.append(entry)
+            continue
+        new.append(entry)
+        present_ids.add(eid)
+        if eid in owned:
+            continue
+        for want in desired:
+            wid = (_norm(want[selector_key]), want["resourceName"])
+            if eid == wid:
+                if entry.get("externalResourceProvider") is not True:
+                    conflicts.append("%s entry %s has externalResourceProvider %s, but the NVIDIA sandbox device "
+                                     "plugin provides %s" % (kind, json.dumps(entry, sort_keys=True),
+                                                             entry.get("externalResourceProvider"), want["resourceName"]))
+            elif eid[1] == wid[1] and eid not in desired_ids:
+                conflicts.append("%s entry %s has resourceName %s with %s %s, but the hosts need %s %s for it"
+                                 % (kind, json.dumps(entry, sort_keys=True), wid[1], selector_key, entry.get(selector_key),
+                                    selector_key, want[selector_key]))
+            elif eid[0] == wid[0] and eid not in desired_ids:
+                conflicts.append("%s entry %s gives %s %s the resourceName %s, but the sandbox device plugin "
+                                 "advertises it as %s" % (kind, json.dumps(entry, sort_keys=True), selector_key,
+                                                          entry.get(selector_key), eid[1], wid[1]))
+    added = [d for d in desired if (_norm(d[selector_key]), d["resourceName"]) not in present_ids]
+    new.extend(copy.deepcopy(added))
+    now_owned = sorted((owned & present_ids & desired_ids) | set((_norm(d[selector_key]), d["resourceName"]) for d in added))
+    return new, added, removed, conflicts, now_owned
+
+
+def needed_feature_gates(version, needs_devices, needs_vgpu, needs_dra, disable_mdev_configuration=True, extra=()):
+    """The feature gates KubeVirt ``version`` needs for what the hosts use; PlanError when it cannot."""
+    gates = []
+    if needs_devices or needs_vgpu or needs_dra:
+        gates.extend(["GPU", "HostDevices"])
+    if needs_vgpu and disable_mdev_configuration:
+        gates.append("DisableMDEVConfiguration")
+    if needs_dra:
+        parsed = parse_version(version)
+        if parsed is None:
+            raise PlanError("cannot tell which KubeVirt version runs (status.observedKubeVirtVersion is %r): "
+                            "DRA hosts need GPUsWithDRA on v1.8.x only; give kubevirt_version" % (version,))
+        if parsed[:2] < (1, 8):
+            raise PlanError("KubeVirt %s cannot attach GPUs through DRA (GPUsWithDRA needs v1.8 or later); "
+                            "upgrade KubeVirt or do not use the dra workload type" % version)
+        if parsed[:2] == (1, 8):
+            gates.append("GPUsWithDRA")
+    for gate in extra:
+        if gate not in gates:
+            gates.append(gate)
+    return gates
+
+
+def plan_kubevirt(cr, hosts, pci_vendor_ids=("10de",), kubevirt_version=None, disable_mdev_configuration=True,
+                  extra_feature_gates=(), prune=True):
+    """The merge patch for the KubeVirt CR ``cr``; raises PlanError listing every conflict.
+
+    Returns a dict with ``patch`` (None when nothing changes), ``before``/``after`` (the managed
+    parts of the CR), ``added``, ``removed``, ``feature_gates_added``, ``version`` and ``notes``.
+    """
+    metadata = cr.get("metadata") or {}
+    configuration = (cr.get("spec") or {}).get("configuration") or {}
+    phd = configuration.get("permittedHostDevices") or {}
+    dev = configuration.get("developerConfiguration") or {}
+    version = kubevirt_version or (cr.get("status") or {}).get("observedKubeVirtVersion")
+    pci, mdev, needs_dra, needs_vgpu, notes = desired_host_devices(hosts, pci_vendor_ids)
+    try:
+        owned = json.loads((metadata.get("annotations") or {}).get(OWNED_ANNOTATION) or "{}")
+    except ValueError:
+        owned = {}
+    new_pci, pci_added, pci_removed, pci_conflicts, pci_owned = merge_entries(
+        phd.get("pciHostDevices") or [], pci, owned.get("pciHostDevices") or [], "pciVendorSelector",
+        "pciHostDevices", prune)
+    new_mdev, mdev_added, mdev_removed, mdev_conflicts, mdev_owned = merge_entries(
+        phd.get("mediatedDevices") or [], mdev, owned.get("mediatedDevices") or [], "mdevNameSelector",
+        "mediatedDevices", prune)
+    conflicts = pci_conflicts + mdev_conflicts
+    gates = needed_feature_gates(version, bool(pci or mdev), needs_vgpu, needs_dra, disable_mdev_configuration,
+                                 extra_feature_gates)
+    disabled = dev.get("disabledFeatureGates") or []
+    for gate in gates:
+        if gate in disabled:
+            conflicts.append("feature gate %s is listed in spec.configuration.developerConfiguration."
+                             "disabledFeatureGates, but the GPU hosts need it" % gate)
+    if conflicts:
+        raise PlanError("the KubeVirt CR %s/%s conflicts with what the GPU hosts need; resolve these, nothing was "
+                        "changed: %s" % (metadata.get("namespace"), metadata.get("name"), "; ".join(conflicts)))
+    current_gates = dev.get("featureGates") or []
+    gates_added = [g for g in gates if g not in current_gates]
+    new_owned = {"pciHostDevices": [list(x) for x in pci_owned], "mediatedDevices": [list(x) for x in mdev_owned]}
+    owned_text = json.dumps(new_owned, sort_keys=True, separators=(",", ":"))
+    before = {"permittedHostDevices": {"pciHostDevices": phd.get("pciHostDevices") or [],
+                                       "mediatedDevices": phd.get("mediatedDevices") or []},
+              "featureGates": current_gates}
+    after = {"permittedHostDevices": {"pciHostDevices": new_pci, "mediatedDevices": new_mdev},
+             "featureGates": current_gates + gates_added}
+    patch = None
+    if before != after or (metadata.get("annotations") or {}).get(OWNED_ANNOTATION) != owned_text:
+        patch_phd = {"pciHostDevices": new_pci}
+        if new_mdev or "mediatedDevices" in phd:
+            patch_phd["mediatedDevices"] = new_mdev
+        patch_conf = {"permittedHostDevices": patch_phd}
+        if gates_added:
+            patch_conf["developerConfiguration"] = {"featureGates": current_gates + gates_added}
+        # The lists are replaced whole: the resourceVersion makes the API server refuse the patch when
+        # somebody changed the CR since it was read, instead of losing their change.
+        patch = {"metadata": {"resourceVersion": metadata.get("resourceVersion"),
+                              "annotations": {OWNED_ANNOTATION: owned_text}},
+                 "spec": {"configuration": patch_conf}}
+    return {"patch": patch, "before": before, "after": after, "added": pci_added + mdev_added,
+            "removed": pci_removed + mdev_removed, "feature_gates_added": gates_added, "version": version,
+            "notes": notes}

@@ -1,0 +1,306 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kubevirt_host_devices
+short_description: Permit the GPUs the hosts have in the KubeVirt CR and turn on the feature gates they need
+version_added: 0.2.0
+description:
+  - Builds C(spec.configuration.permittedHostDevices) of the KubeVirt CR from the facts
+    M(gpuops.sandbox.gpu_facts) gathered on the GPU hosts, instead of looking PCI IDs up by hand.
+    C(vm-passthrough) hosts give one C(pciHostDevices) entry per GPU device ID (C(pciVendorSelector)
+    C(VVVV:DDDD) and the C(resourceName) the NVIDIA sandbox device plugin advertises); C(vm-vgpu) hosts
+    give one C(mediatedDevices) entry per mdev type (C(mdevNameSelector) and its resource name). Every
+    entry has C(externalResourceProvider=true).
+  - Merges with the entries already in the CR and never drops an entry somebody else added. The
+    entries this module added are recorded in the annotation C(gpuops.sandbox/permitted-host-devices)
+    so that, with O(prune), the ones no host needs any more are removed.
+  - Adds the feature gates the KubeVirt version needs (C(GPU), C(HostDevices),
+    C(DisableMDEVConfiguration) for vGPU hosts, C(GPUsWithDRA) on v1.8.x for DRA hosts). It never
+    removes a feature gate.
+  - A conflict (an existing entry with the same resource name and another selector, the same selector
+    under another resource name, C(externalResourceProvider) not true, or a needed gate listed in
+    C(disabledFeatureGates)) fails with every conflict named, and nothing is changed.
+  - The patch carries the CR's C(resourceVersion), so a change made by somebody else meanwhile is
+    never overwritten.
+author:
+  - gpuops.sandbox contributors (@gpuops)
+options:
+  hosts:
+    description:
+      - The GPU hosts, each with its workload type and its facts from M(gpuops.sandbox.gpu_facts).
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: Host (or node) name, for messages.
+        type: str
+        required: true
+      workload_type:
+        description: Workload type of the host.
+        type: str
+        required: true
+        choices: [container, vm-passthrough, vm-vgpu, dra]
+      gpus:
+        description: The host's C(gpuops_gpus) fact.
+        type: list
+        elements: dict
+        default: []
+      mdev_parents:
+        description: The host's C(gpuops_mdev_parents) fact (mdev parents that are not PCI functions).
+        type: list
+        elements: dict
+        default: []
+      vgpu_type_names:
+        description:
+          - Permit only these vGPU types of a C(vm-vgpu) host, by mdev type name or by the vGPU Device
+            Manager's type name (C(A10-4Q) matches C(NVIDIA A10-4Q)).
+          - When omitted, every mdev type of the host is permitted.
+        type: list
+        elements: str
+  namespace:
+    description:
+      - Namespace of the KubeVirt CR; an empty string searches every namespace.
+    type: str
+    default: kubevirt
+  name:
+    description:
+      - Name of the KubeVirt CR; may be omitted when the namespace holds exactly one.
+    type: str
+  pci_vendor_ids:
+    description:
+      - Vendor IDs (4 hex digits) of the GPUs that go into C(pciHostDevices).
+    type: list
+    elements: str
+    default: ["10de"]
+  kubevirt_version:
+    description:
+      - KubeVirt version to choose feature gates for, such as C(v1.8.2).
+      - When omitted, the CR's C(status.observedKubeVirtVersion) is used.
+    type: str
+  disable_mdev_configuration:
+    description:
+      - Add the C(DisableMDEVConfiguration) gate when there are vGPU hosts, so KubeVirt leaves mdev
+        creation to the NVIDIA vGPU Device Manager.
+    type: bool
+    default: true
+  feature_gates:
+    description:
+      - More feature gates to make sure are on.
+    type: list
+    elements: str
+    default: []
+  prune:
+    description:
+      - Remove the entries this module added earlier that no host needs any more.
+    type: bool
+    default: true
+extends_documentation_fragment:
+  - gpuops.sandbox.kube_auth
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+  idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation
+      indicates no change.
+    support: full
+seealso:
+  - module: gpuops.sandbox.gpu_facts
+  - module: gpuops.sandbox.node_labels
+"""
+
+EXAMPLES = r"""
+- name: Gather the GPUs of the hosts
+  gpuops.sandbox.gpu_facts:
+  delegate_to: "{{ item }}"
+  delegate_facts: true
+  loop: "{{ groups['gpu_nodes'] }}"
+
+- name: Permit the hosts' GPUs and vGPU types in the KubeVirt CR
+  gpuops.sandbox.kubevirt_host_devices:
+    kubeconfig: /etc/kubernetes/admin.conf
+    hosts:
+      - name: gpu-node-2
+        workload_type: vm-passthrough
+        gpus: "{{ hostvars['gpu-node-2'].gpuops_gpus }}"
+      - name: gpu-node-3
+        workload_type: vm-vgpu
+        gpus: "{{ hostvars['gpu-node-3'].gpuops_gpus }}"
+        vgpu_type_names: [A10-4Q]
+
+- name: Turn on DRA GPUs for a KubeVirt not yet reporting its version
+  gpuops.sandbox.kubevirt_host_devices:
+    namespace: kubevirt
+    name: kubevirt
+    kubevirt_version: v1.8.2
+    hosts:
+      - name: gpu-node-5
+        workload_type: dra
+"""
+
+RETURN = r"""
+kubevirt:
+  description: The KubeVirt CR acted on and the version the feature gates were chosen for.
+  returned: success
+  type: dict
+  sample: {namespace: kubevirt, name: kubevirt, version: v1.8.2}
+permitted_host_devices:
+  description: C(pciHostDevices) and C(mediatedDevices) of the CR after the change (in check mode, as they would be).
+  returned: success
+  type: dict
+  sample:
+    pciHostDevices:
+      - {pciVendorSelector: "10DE:2236", resourceName: nvidia.com/GA102GL_A10, externalResourceProvider: true}
+    mediatedDevices:
+      - {mdevNameSelector: NVIDIA A10-4Q, resourceName: nvidia.com/NVIDIA_A10-4Q, externalResourceProvider: true}
+feature_gates:
+  description: C(developerConfiguration.featureGates) after the change.
+  returned: success
+  type: list
+  elements: str
+  sample: [GPU, HostDevices, DisableMDEVConfiguration]
+added:
+  description: Entries added to the CR.
+  returned: success
+  type: list
+  elements: dict
+  sample: []
+removed:
+  description: Entries this module had added and no host needs any more, removed (with O(prune)).
+  returned: success
+  type: list
+  elements: dict
+  sample: []
+feature_gates_added:
+  description: Feature gates turned on.
+  returned: success
+  type: list
+  elements: str
+  sample: [GPU]
+notes:
+  description: Hosts that contributed nothing although their workload type expects devices.
+  returned: success
+  type: list
+  elements: str
+  sample: ["host gpu-node-3 (vm-vgpu) offers no mdev type named A10-4Q"]
+api_requests:
+  description: HTTP requests the module sent to the API server.
+  returned: always
+  type: int
+  sample: 2
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
+    AUTH_ARGUMENT_SPEC,
+    KubeError,
+    connect,
+)
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
+    WORKLOAD_TYPES,
+    PlanError,
+    plan_kubevirt,
+)
+
+
+def build_module():
+    """Create the AnsibleModule; the argument spec does the validation it can."""
+    return AnsibleModule(
+        argument_spec=dict(
+            **AUTH_ARGUMENT_SPEC,
+            hosts=dict(type="list", elements="dict", required=True, options=dict(
+                name=dict(type="str", required=True),
+                workload_type=dict(type="str", required=True, choices=list(WORKLOAD_TYPES)),
+                gpus=dict(type="list", elements="dict", default=[]),
+                mdev_parents=dict(type="list", elements="dict", default=[]),
+                vgpu_type_names=dict(type="list", elements="str"),
+            )),
+            namespace=dict(type="str", default="kubevirt"),
+            name=dict(type="str"),
+            pci_vendor_ids=dict(type="list", elements="str", default=["10de"]),
+            kubevirt_version=dict(type="str"),
+            disable_mdev_configuration=dict(type="bool", default=True),
+            feature_gates=dict(type="list", elements="str", default=[]),
+            prune=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+
+
+def find_cr(api, namespace, name):
+    items = api.list_kubevirts(namespace)
+    where = "namespace %s" % namespace if namespace else "any namespace"
+    if name:
+        items = [i for i in items if i["metadata"]["name"] == name]
+        if not items:
+            raise KubeError("there is no KubeVirt CR named %s in %s (KubeVirt is not installed there); nothing was changed"
+                            % (name, where))
+    if not items:
+        raise KubeError("there is no KubeVirt CR in %s: KubeVirt is not installed (deploy the KubeVirt operator and its "
+                        "CR first); nothing was changed" % where)
+    if len(items) > 1:
+        raise KubeError("%s holds several KubeVirt CRs (%s); give name" % (
+            where, ", ".join("%s/%s" % (i["metadata"]["namespace"], i["metadata"]["name"]) for i in items)))
+    return items[0]
+
+
+def run(module, api):
+    params = module.params
+    cr = find_cr(api, params["namespace"], params["name"])
+    meta = cr["metadata"]
+    plan = plan_kubevirt(cr, params["hosts"], pci_vendor_ids=params["pci_vendor_ids"],
+                         kubevirt_version=params["kubevirt_version"],
+                         disable_mdev_configuration=params["disable_mdev_configuration"],
+                         extra_feature_gates=params["feature_gates"], prune=params["prune"])
+    result = dict(
+        changed=plan["patch"] is not None,
+        kubevirt=dict(namespace=meta.get("namespace"), name=meta["name"], version=plan["version"]),
+        permitted_host_devices=plan["after"]["permittedHostDevices"],
+        feature_gates=plan["after"]["featureGates"],
+        added=plan["added"], removed=plan["removed"], feature_gates_added=plan["feature_gates_added"],
+        notes=plan["notes"],
+    )
+    for note in plan["notes"]:
+        module.warn(note)
+    if module._diff and plan["before"] != plan["after"]:
+        result["diff"] = dict(before=plan["before"], after=plan["after"])
+    if plan["patch"] is not None and not module.check_mode:
+        try:
+            api.patch_kubevirt(meta["namespace"], meta["name"], plan["patch"])
+        except KubeError as exc:
+            if exc.status == 409:
+                raise KubeError("the KubeVirt CR %s/%s changed while this module was merging it; run again (nothing was "
+                                "changed)" % (meta["namespace"], meta["name"]), status=409)
+            raise
+    result["api_requests"] = api.requests
+    return result
+
+
+def run_module(module, api_factory=connect):
+    try:
+        api = api_factory(module.params)
+        result = run(module, api)
+    except (KubeError, PlanError) as exc:
+        module.fail_json(msg=exc.msg)
+        return
+    module.exit_json(**result)
+
+
+def main():
+    run_module(build_module())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""The cluster half (playbooks/cluster.yml, validate.yml) against the cluster lab's real kube-apiserver.
+
+Helm is the real helm binary, installing the project's own stand-in charts (tests/fixtures/charts,
+which record the values they receive in a ConfigMap) from a Helm repository served on loopback, so
+kubernetes.core.helm_repository and kubernetes.core.helm run for real. The GPU hosts are inventory
+entries carrying the facts gpu_facts would return for an A10 (the lab VMs are not contacted): their
+Kubernetes nodes are the lab Nodes the kube_api fixture creates.
+
+Bad input (unknown workload type, a vGPU config name the configuration lacks, no KubeVirt CR, an
+unreachable or unauthorised API server, a conflicting permittedHostDevices entry) must each fail with
+a clear message and change nothing: every test reads the cluster back before and after.
+"""
+
+import base64
+import functools
+import http.server
+import json
+import os
+import re
+import subprocess
+import threading
+
+import pytest
+import yaml
+
+from conftest import TOP, run
+
+NODES = {"lab-container": "container", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu"}
+WL, VG = "nvidia.com/gpu.workload.config", "nvidia.com/vgpu.config"
+A10 = {"address": "0000:65:00.0", "vendor": "10de", "device": "2236", "class": "030200", "driver": "vfio-pci",
+       "is_vf": False, "sandbox_resource_name": "nvidia.com/GA102GL_A10", "mdev_types": [], "vgpu": None}
+A10_VGPU = dict(A10, driver="nvidia", mdev_types=[
+    {"id": "nvidia-593", "name": "NVIDIA A10-4Q", "available_instances": 6, "resource_name": "nvidia.com/NVIDIA_A10-4Q"},
+    {"id": "nvidia-595", "name": "NVIDIA A10-12Q", "available_instances": 2, "resource_name": "nvidia.com/NVIDIA_A10-12Q"}])
+VGPU_CONFIG = {"version": "v1", "vgpu-configs": {
+    "A10-4Q": [{"devices": "all", "vgpu-devices": {"A10-4Q": 6}}],
+    "A10-12Q": [{"devices": "all", "vgpu-devices": {"A10-12Q": 2}}]}}
+VGPU_MANAGER_VALUES = {"vgpuManager": {"enabled": True, "repository": "registry.example/nvidia", "image": "vgpu-manager",
+                                       "version": "550.90.05", "imagePullSecrets": ["vgpu-manager-registry"]}}
+UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
+VM_CRD = os.path.join(TOP, "tests", "fixtures", "kubevirt-vm-crd.yaml")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+def kubectl(api, *args, kubeconfig=None, check=True):
+    cmd = [os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", kubeconfig or api["kubeconfig"]] + list(args)
+    proc = subprocess.run(cmd, text=True, capture_output=True, timeout=120, check=False)
+    if check and proc.returncode:
+        raise AssertionError("%s: %s" % (" ".join(args), proc.stderr))
+    return proc
+
+
+def kget(api, *args):
+    return json.loads(kubectl(api, "get", *args, "-o", "json").stdout)
+
+
+def snapshot(api):
+    """What the cluster half may change: node labels and taints, the KubeVirt CR, Helm releases."""
+    nodes = dict((n, kget(api, "node", n)) for n in NODES)
+    kubevirt = kget(api, "kubevirt", "kubevirt", "-n", "kubevirt")
+    releases = kubectl(api, "get", "secrets", "-A", "-l", "owner=helm", "-o", "name").stdout.split()
+    return {"nodes": dict((n, (o["metadata"].get("labels"), o["spec"].get("taints"))) for n, o in nodes.items()),
+            "kubevirt": (kubevirt["metadata"]["resourceVersion"], kubevirt["spec"]),
+            "releases": sorted(releases)}
+
+
+def received_values(api, release, namespace):
+    cm = kget(api, "configmap", "%s-received-values" % release, "-n", namespace)
+    return json.loads(base64.b64decode(cm["data"]["values.json.b64"]))
+
+
+def secrets_of(kubeconfig_path):
+    """Token and key material in a kubeconfig: none of it may appear in any output."""
+    with open(kubeconfig_path) as handle:
+        config = yaml.safe_load(handle)
+    found = []
+    for user in config.get("users") or []:
+        for key in ("token", "client-key-data", "client-certificate-data", "password"):
+            value = (user.get("user") or {}).get(key)
+            if value:
+                found.append(value)
+    return found
+
+
+@pytest.fixture(scope="module")
+def helm_repo(kube_api, tmp_path_factory):
+    """The stand-in charts, packaged and indexed, served by http.server on 127.0.0.1."""
+    helm = os.path.join(kube_api["bin_dir"], "helm")
+    root = tmp_path_factory.mktemp("helm")
+    repo = root / "repo"
+    repo.mkdir()
+    env = dict(os.environ, HELM_CACHE_HOME=str(root / "cache"), HELM_CONFIG_HOME=str(root / "config"),
+               HELM_DATA_HOME=str(root / "data"))
+    for chart in ("gpu-operator", "dra-driver-nvidia-gpu"):
+        subprocess.run([helm, "package", os.path.join(TOP, "tests", "fixtures", "charts", chart), "-d", str(repo)],
+                       check=True, env=env, capture_output=True, timeout=120)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(repo))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    url = "http://127.0.0.1:%d" % server.server_address[1]
+    subprocess.run([helm, "repo", "index", str(repo), "--url", url], check=True, env=env, capture_output=True, timeout=120)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield {"url": url, "helm": helm, "env": env}
+    server.shutdown()
+    server.server_close()
+
+
+def inventory(tmp_path, kube_api, helm_repo, hosts=None, extra_all=None, name="inv"):
+    """An inventory of the three GPU hosts with their facts, pointed at the cluster lab."""
+    hosts = hosts or {}
+    host_vars = {}
+    for host, wtype in NODES.items():
+        entry = {"ansible_connection": "local", "gpuops_workload_type": wtype,
+                 "gpuops_gpus": [A10_VGPU if wtype == "vm-vgpu" else A10], "gpuops_mdev_parents": []}
+        if wtype == "vm-vgpu":
+            entry["gpuops_vgpu_config_name"] = "A10-12Q"
+        entry.update(hosts.get(host, {}))
+        host_vars[host] = entry
+    all_vars = {
+        "gpuops_kubeconfig": kube_api["kubeconfig"],
+        "gpuops_vgpu_device_config": VGPU_CONFIG,
+        "vgpu_manager_image_helm_values": VGPU_MANAGER_VALUES,
+        "gpu_operator_chart_repo_name": "gpuops-test",
+        "gpu_operator_chart_repo_url": helm_repo["url"],
+        "gpu_operator_helm_binary": helm_repo["helm"],
+        "gpu_operator_default_workload": "vm-passthrough",
+        "gpu_operator_values": {"vgpuManager": {"version": "550.90.07"}, "driver": {"enabled": False}},
+        "dra_driver_chart_repo_name": "gpuops-test",
+        "dra_driver_chart_repo_url": helm_repo["url"],
+        "dra_driver_chart_ref": "gpuops-test/dra-driver-nvidia-gpu",
+        "dra_driver_helm_binary": helm_repo["helm"],
+        "ansible_python_interpreter": os.path.join(TOP, ".venv", "bin", "python"),
+    }
+    all_vars.update(extra_all or {})
+    doc = {"all": {"vars": all_vars, "children": {"gpu_nodes": {"hosts": host_vars}},
+                   "hosts": {"localhost": {"ansible_connection": "local",
+                                           "ansible_python_interpreter": all_vars["ansible_python_interpreter"]}}}}
+    path = tmp_path / ("%s.yml" % name)
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def playbook(helm_repo, inv, name="cluster.yml", *extra):
+    env = dict(helm_repo["env"])
+    env["ANSIBLE_CONFIG"] = os.path.join(TOP, "ansible.cfg")
+    return run([os.path.join(TOP, ".venv", "bin", "ansible-playbook"), os.path.join(TOP, "playbooks", name),
+                "-i", inv, "--diff"] + list(extra), timeout=900, env=env)
+
+
+def recap(output, host="localhost"):
+    match = re.search(r"^%s\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)" % re.escape(host),
+                      output, re.M)
+    assert match, output[-3000:]
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups())))
+
+
+def assert_nothing_leaked(kube_api, output):
+    for secret in secrets_of(kube_api["kubeconfig"]) + secrets_of(kube_api["kubeconfig_unauthorised"]):
+        assert secret not in output
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests, in order: the first one leaves the cluster configured; the bad-input ones start from it.
+# ---------------------------------------------------------------------------------------------
+
+def test_cluster_half_labels_installs_and_permits(kube_api, helm_repo, tmp_path):
+    # A user's own entry, to be kept; no gates yet (the server may be a kept one from an earlier session).
+    kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=merge", "-p", json.dumps(
+        {"spec": {"configuration": {"developerConfiguration": {"featureGates": []}, "permittedHostDevices": {
+            "mediatedDevices": [], "pciHostDevices": [
+                {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/XL710", "externalResourceProvider": False}]}}}}))
+    # A stale label of an earlier vGPU life, to be removed from the passthrough node.
+    kubectl(kube_api, "label", "node", "lab-passthrough", "--overwrite", "%s=A10-4Q" % VG)
+    # The operator's ClusterPolicy, reporting ready (the stand-in chart does not run an operator).
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+                                      "metadata": {"name": "cluster-policy", "labels": {"app.kubernetes.io/part-of": "gpuops-sandbox-tests"}},
+                                      "spec": {"sandboxWorkloads": {"enabled": True}}}))
+    kubectl(kube_api, "apply", "-f", str(policy))
+    kubectl(kube_api, "patch", "clusterpolicy", "cluster-policy", "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": {"state": "ready"}}))
+    inv = inventory(tmp_path, kube_api, helm_repo, extra_all={"gpu_operator_wait_for_ready": True, "gpu_operator_ready_timeout": 30})
+    proc = playbook(helm_repo, inv)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert recap(proc.stdout)["changed"] > 0
+    assert "Wait until the GPU Operator reports its ClusterPolicy ready" in proc.stdout
+    assert_nothing_leaked(kube_api, proc.stdout)
+
+    labels = dict((n, kget(kube_api, "node", n)["metadata"]["labels"]) for n in NODES)
+    for node, wtype in NODES.items():
+        assert labels[node][WL] == wtype
+    assert VG not in labels["lab-passthrough"] and VG not in labels["lab-container"]
+    assert labels["lab-vgpu"][VG] == "A10-12Q"
+
+    values = received_values(kube_api, "gpu-operator", "gpu-operator")
+    assert values["sandboxWorkloads"] == {"enabled": True, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"}
+    assert values["vgpuDeviceManager"] == {"config": {"name": "gpuops-vgpu-devices-config"}}
+    assert values["vgpuManager"] == dict(VGPU_MANAGER_VALUES["vgpuManager"], version="550.90.07")
+    assert values["driver"] == {"enabled": False}
+    config = kget(kube_api, "configmap", "gpuops-vgpu-devices-config", "-n", "gpu-operator")
+    assert yaml.safe_load(config["data"]["config.yaml"]) == VGPU_CONFIG
+
+    spec = kget(kube_api, "kubevirt", "kubevirt", "-n", "kubevirt")["spec"]["configuration"]
+    assert spec["permittedHostDevices"]["pciHostDevices"] == [
+        {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/XL710", "externalResourceProvider": False},
+        {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/GA102GL_A10", "externalResourceProvider": True}]
+    assert spec["permittedHostDevices"]["mediatedDevices"] == [
+        {"mdevNameSelector": "NVIDIA A10-12Q", "resourceName": "nvidia.com/NVIDIA_A10-12Q", "externalResourceProvider": True}]
+    assert spec["developerConfiguration"]["featureGates"] == ["GPU", "HostDevices", "DisableMDEVConfiguration"]
+
+    # Second run: nothing to change anywhere.
+    before = snapshot(kube_api)
+    proc = playbook(helm_repo, inv)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert recap(proc.stdout)["changed"] == 0, proc.stdout[-6000:]
+    assert snapshot(kube_api) == before
+
+
+def test_every_helm_value_the_collection_sets_exists_upstream(kube_api, helm_repo):
+    if not os.path.isdir(UPSTREAM):
+        pytest.skip("the upstream values files are not beside this checkout")
+
+    def paths(tree, prefix=()):
+        for key, value in tree.items():
+            if isinstance(value, dict) and value:
+                yield from paths(value, prefix + (key,))
+            else:
+                yield prefix + (key,)
+
+    def exists(upstream, path):
+        node = upstream
+        for key in path:
+            if isinstance(node, dict) and node == {}:
+                return True  # a free-form map upstream (featureGates: {}, nodeSelector: {})
+            if not isinstance(node, dict) or key not in node:
+                return False
+            node = node[key]
+        return True
+
+    for release, namespace, chart in (("gpu-operator", "gpu-operator", "gpu-operator"),
+                                      ("dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu")):
+        proc = kubectl(kube_api, "get", "configmap", "%s-received-values" % release, "-n", namespace, check=False)
+        if proc.returncode:
+            continue  # the DRA test below installs it and calls this check again
+        with open(os.path.join(UPSTREAM, chart, "values.yaml")) as handle:
+            upstream = yaml.safe_load(handle)
+        missing = [".".join(p) for p in paths(received_values(kube_api, release, namespace)) if not exists(upstream, p)]
+        assert missing == [], "%s values not in the upstream chart: %s" % (chart, missing)
+
+
+@pytest.mark.parametrize("case", ["workload_type", "vgpu_config", "no_kubevirt", "conflict", "unreachable", "unauthorised"])
+def test_bad_input_fails_clearly_and_changes_nothing(kube_api, helm_repo, tmp_path, case):
+    # Each bad run would also change something if it got that far: lab-vgpu's vGPU config (its node
+    # label and the KubeVirt CR's mediated devices).
+    hosts = {"lab-vgpu": {"gpuops_vgpu_config_name": "A10-4Q"}}
+    extra = {}
+    kubeconfig = kube_api["kubeconfig"]
+    if case == "workload_type":
+        hosts["lab-container"] = {"gpuops_workload_type": "vm-gpu"}
+        expect = "'vm-gpu' is not one of container, vm-passthrough, vm-vgpu, dra"
+    elif case == "vgpu_config":
+        hosts["lab-vgpu"] = {"gpuops_vgpu_config_name": "A10-5Q"}
+        expect = "vGPU config 'A10-5Q' is not in the vGPU Device Manager's configuration (it has: A10-12Q, A10-4Q)"
+    elif case == "no_kubevirt":
+        extra["kubevirt_devices_namespace"] = "no-kubevirt-here"
+        expect = "there is no KubeVirt CR in namespace no-kubevirt-here: KubeVirt is not installed"
+    elif case == "conflict":
+        kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=json", "-p", json.dumps([
+            {"op": "add", "path": "/spec/configuration/permittedHostDevices/pciHostDevices/-",
+             "value": {"pciVendorSelector": "10DE:2237", "resourceName": "nvidia.com/GA102GL_A10", "externalResourceProvider": True}}]))
+        expect = "has resourceName nvidia.com/GA102GL_A10 with pciVendorSelector 10DE:2237"
+    elif case == "unreachable":
+        with open(kube_api["kubeconfig"]) as handle:
+            config = yaml.safe_load(handle)
+        for cluster in config["clusters"]:
+            cluster["cluster"]["server"] = "https://127.0.0.1:9"
+        kubeconfig = str(tmp_path / "kubeconfig-unreachable")
+        with open(kubeconfig, "w") as handle:
+            yaml.safe_dump(config, handle)
+        expect = "cannot reach the API server at https://127.0.0.1:9"
+    else:
+        kubeconfig = kube_api["kubeconfig_unauthorised"]
+        expect = "may not list nodes, patch nodes"
+    extra["gpuops_kubeconfig"] = kubeconfig
+    before = snapshot(kube_api)
+    try:
+        proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, hosts=hosts, extra_all=extra))
+        assert proc.returncode != 0
+        flat = " ".join(proc.stdout.split())
+        assert expect in flat, proc.stdout[-5000:]
+        assert "Traceback" not in proc.stdout
+        assert_nothing_leaked(kube_api, proc.stdout)
+        assert snapshot(kube_api) == before
+    finally:
+        if case == "conflict":
+            kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=json", "-p", json.dumps([
+                {"op": "remove", "path": "/spec/configuration/permittedHostDevices/pciHostDevices/2"}]))
+
+
+def test_dra_host_gets_driver_claims_gate_and_no_device_plugin(kube_api, helm_repo, tmp_path):
+    hosts = {"lab-container": {"gpuops_workload_type": "dra"}}
+    proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, hosts=hosts,
+                                         extra_all={"dra_driver_driver_install": "host",
+                                                    "dra_driver_claim_templates": [{"name": "vfio-gpu", "namespace": "default"}]}))
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    labels = kget(kube_api, "node", "lab-container")["metadata"]["labels"]
+    assert labels[WL] == "container"
+    assert labels["nvidia.com/gpu.deploy.device-plugin"] == "false"
+    assert labels["nvidia.com/gpu.deploy.vfio-manager"] == "false"
+    values = received_values(kube_api, "dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu")
+    assert values["nvidiaDriverRoot"] == "/"
+    assert values["featureGates"] == {"PassthroughSupport": True, "DeviceMetadata": True}
+    assert values["resources"] == {"gpus": {"enabled": True}, "computeDomains": {"enabled": False}}
+    assert values["kubeletPlugin"] == {"nodeSelector": {"nvidia.com/gpu.deploy.device-plugin": "false"}}
+    template = kget(kube_api, "resourceclaimtemplates.v1.resource.k8s.io", "vfio-gpu", "-n", "default")
+    devices = template["spec"]["spec"]["devices"]
+    assert devices["requests"] == [{"name": "gpu", "exactly": {"allocationMode": "ExactCount", "count": 1,
+                                                               "deviceClassName": "vfio.gpu.nvidia.com"}}]
+    assert devices["config"][0]["opaque"]["parameters"] == {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+        "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": True}}
+    gates = kget(kube_api, "kubevirt", "kubevirt", "-n", "kubevirt")["spec"]["configuration"]["developerConfiguration"]["featureGates"]
+    assert "GPUsWithDRA" in gates  # the fixture's KubeVirt reports v1.8.0
+    test_every_helm_value_the_collection_sets_exists_upstream(kube_api, helm_repo)
+
+    # Back to container: the DRA labels go.
+    proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, name="inv-back"))
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    labels = kget(kube_api, "node", "lab-container")["metadata"]["labels"]
+    assert labels[WL] == "container" and not [k for k in labels if k.startswith("nvidia.com/gpu.deploy.")]
+
+
+def test_validate_waits_for_labels_and_resources_then_tries_a_vm(kube_api, helm_repo, tmp_path):
+    inv = inventory(tmp_path, kube_api, helm_repo, extra_all={"cluster_validate_retries": 1, "cluster_validate_delay": 1})
+    # The operator has not labelled anything yet: validation fails naming what is missing.
+    proc = playbook(helm_repo, inv, "validate.yml")
+    assert proc.returncode != 0
+    flat = " ".join(proc.stdout.split())
+    assert "Node lab-passthrough (vm-passthrough) still lacks after 1 attempts: nvidia.com/gpu.deploy.vfio-manager=true" in flat, flat[-4000:]
+
+    operands = {"lab-container": ["driver", "container-toolkit", "device-plugin"],
+                "lab-passthrough": ["vfio-manager", "sandbox-device-plugin"],
+                "lab-vgpu": ["vgpu-manager", "vgpu-device-manager", "sandbox-device-plugin"]}
+    for node, names in operands.items():
+        labels = ["nvidia.com/gpu.deploy.%s=true" % n for n in names]
+        if node == "lab-vgpu":
+            labels.append("nvidia.com/vgpu.config.state=success")
+        kubectl(kube_api, "label", "node", node, "--overwrite", *labels)
+    kubectl(kube_api, "apply", "-f", VM_CRD)
+    kubectl(kube_api, "wait", "--for=condition=Established", "crd/virtualmachines.kubevirt.io", "--timeout=60s")
+    proc = playbook(helm_repo, inv, "validate.yml", "-e", "gpuops_validate_test_vm=true",
+                    "-e", "cluster_validate_vm_running=false")
+    try:
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert "Create the test VM with a GPU" in proc.stdout and "Delete the test VM" in proc.stdout
+        assert kubectl(kube_api, "get", "virtualmachine", "gpuops-gpu-test", "-n", "default", check=False).returncode != 0
+    finally:
+        for node, names in operands.items():
+            kubectl(kube_api, "label", "node", node, *["nvidia.com/gpu.deploy.%s-" % n for n in names],
+                    *(["nvidia.com/vgpu.config.state-"] if node == "lab-vgpu" else []))
+
+
+def test_skipped_without_kubeconfig(kube_api, helm_repo, tmp_path):
+    before = snapshot(kube_api)
+    proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, extra_all={"gpuops_kubeconfig": ""}))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "gpuops_kubeconfig is not set: the cluster half" in " ".join(proc.stdout.split())
+    assert snapshot(kube_api) == before
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cleanup(kube_api):
+    yield
+    for release, namespace in (("gpu-operator", "gpu-operator"), ("dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu")):
+        subprocess.run([os.path.join(kube_api["bin_dir"], "helm"), "--kubeconfig", kube_api["kubeconfig"],
+                        "uninstall", release, "-n", namespace], capture_output=True, timeout=120, check=False)
