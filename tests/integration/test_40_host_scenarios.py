@@ -44,9 +44,9 @@ def plain(text):
 def action_output(out, action):
     """The part of a molecule run's output that belongs to one action (converge, idempotence...)."""
     out = plain(out)
-    marks = [(m.start(), m.group(1)) for m in re.finditer(r"INFO\s+\w+\s+➜\s+(\w+): Executing", out)]
-    if not marks:
-        marks = [(m.start(), m.group(1)) for m in re.finditer(r"Running \S+ > (\w+)", out)]
+    # "container ➜ converge: Executing" with colours, "[container > converge] Executing" without (NO_COLOR).
+    marks = [(m.start(), m.group(1) or m.group(2)) for m in re.finditer(
+        r"INFO\s+(?:\w+\s+➜\s+(\w+):|\[\w+ > (\w+)\]) Executing", out)]
     for index, (start, name) in enumerate(marks):
         if name == action:
             # An action may log several "Executing" lines; it ends where another action starts.
@@ -111,7 +111,7 @@ def host_state(host):
     (["-e", '{"preflight_supported_os": {"ubuntu": ["24.04"], "rocky": ["9"]}}'],
      r"ID=debian, VERSION_ID=12\), which is not supported; supported: ubuntu 24.04, rocky 9.*Nothing was changed"),
     (["-e", "gpuops_workload_type=gpu-magic"],
-     r"Workload type \"gpu-magic\" of lab-container is not one of container, vm-passthrough, vm-vgpu, dra"),
+     r"preflight_workload_type must be one of: , container, vm-passthrough, vm-vgpu, dra, got: gpu-magic"),
 ], ids=["iommu-off-in-firmware", "unsupported-os", "bad-workload-type"])
 def test_preflight_failure_changes_nothing(scenario_runs, extra, expected):
     lab("start", "lab-container", check=True, timeout=1800)
