@@ -33,7 +33,10 @@ else:
 
 def awx_inventory(source):
     """The inventory as AWX hands it to a job: one JSON document, hosts' variables resolved per host."""
-    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-inventory"), "-i", source, "--list"],
+    # --export keeps variables where the inventory defines them (group_vars/all as the "all" group's
+    # variables, as AWX imports them), so the implicit localhost of the cluster play sees them too.
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-inventory"), "-i", source, "--list",
+                          "--export"],
                          cwd=TOP, check=True, text=True, stdout=subprocess.PIPE).stdout
     # AWX stores inventory variables as text, so a path relative to the inventory must be resolved
     # before it leaves the inventory directory.
@@ -78,10 +81,10 @@ def test_site_through_ansible_runner(running_lab, kube_api, tmp_path):
                              extravars={"awx_job_launch_type": "manual"}, envvars={"JOB_ID": "15"},
                              quiet=True, timeout=2400)
     stdout = run.stdout.read()
-    assert run.status == "successful" and run.rc == 0, (run.status, run.rc, stdout[-6000:])
+    failed = [(e["event_data"].get("host"), e["event_data"].get("task"), e["event_data"].get("res", {}).get("msg"))
+              for e in host_events(run, "runner_on_failed") if not e["event_data"].get("ignore_errors")]
+    assert run.status == "successful" and run.rc == 0, (run.status, run.rc, failed, stdout[-3000:])
 
-    failed = [(e["event_data"].get("host"), e["event_data"].get("task")) for e in host_events(run, "runner_on_failed")
-              if not e["event_data"].get("ignore_errors")]
     unreachable = [e["event_data"].get("host") for e in host_events(run, "runner_on_unreachable")]
     assert not failed and not unreachable, (failed, unreachable)
     assert set(running_lab) <= set(run.stats["ok"]), run.stats
