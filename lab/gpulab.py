@@ -170,10 +170,17 @@ def lab_host_settings(name):
     return found
 
 
-def select_hosts(requested):
+def autostarts(name):
+    """False for a host with gpulab_autostart: false (started only when named, e.g. a test-only host)."""
+    return lab_host_settings(name).get("gpulab_autostart", True) is not False
+
+
+def select_hosts(requested, starting=False):
+    """The named hosts (all must be known), or by default every host; `starting` leaves out by default
+    the hosts that do not start unless named."""
     known = lab_hosts()
     if not requested:
-        return known
+        return [h for h in known if autostarts(h)] if starting else known
     unknown = [h for h in requested if h not in known]
     if unknown:
         raise LabError("unknown lab host(s) %s; the lab has: %s" % (", ".join(unknown), ", ".join(known)))
@@ -813,7 +820,7 @@ def cmd_image(args):
 
 def cmd_start(args):
     need_tools("qemu-system-x86_64", "qemu-img", "ssh", "ssh-keygen")
-    hosts = select_hosts(args.hosts)
+    hosts = select_hosts(args.hosts, starting=True)
     manifest = ensure_image()
     pub = ssh_key()[1]
     with locked(os.path.join(STATE, "lab.lock")):
@@ -903,7 +910,7 @@ def cmd_status(args):
         rows.append((name, state, str(vm.pid() or "-") if state != "stopped" else "-",
                      "127.0.0.1:%s" % meta["ssh_port"] if meta.get("ssh_port") else "-",
                      meta.get("accel", "-"), "%ss" % meta["boot_to_ssh"] if meta.get("boot_to_ssh") else "-", disk))
-        result[name] = dict(meta, state=state, pid=vm.pid() if state != "stopped" else None)
+        result[name] = dict(meta, state=state, pid=vm.pid() if state != "stopped" else None, autostart=autostarts(name))
     problem = image_problem()
     if args.json:
         print(json.dumps({"hosts": result, "image": problem or "ok"}, indent=2))
@@ -945,7 +952,8 @@ def main(argv=None):
                              ("reset", cmd_reset, "discard a host's changes: back to the pristine image"),
                              ("status", cmd_status, "show the state of every lab host")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("hosts", nargs="*", help="lab hosts (default: all in inventories/lab/hosts.yml)")
+        p.add_argument("hosts", nargs="*", help="lab hosts (default: all in inventories/lab/hosts.yml%s)" % (
+            "; hosts with gpulab_autostart: false only when named" if name == "start" else ""))
         p.set_defaults(func=func, timeout=BOOT_TIMEOUT)
         if name in ("start", "reset"):
             p.add_argument("--timeout", type=int, default=BOOT_TIMEOUT, help="seconds to wait for SSH")

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Time each module on a lab host for 1 and for all stand-in devices; print a table. Measures only.
 
-The host (default lab-vgpu) is reset to the pristine image and started, then one small playbook turns
+The host (default lab-modules, the spare host) is reset to the pristine image and started, then one small playbook turns
 the IOMMU on (gpuops.sandbox.kernel_cmdline with intel_iommu=on iommu=pt, then ansible.builtin.reboot).
 Each cell is the wall time of one ad-hoc call, `ansible -i inventories/lab/ HOST -m MODULE -a JSON`,
 and whether it reported a change: a first run, then the same call again (a no-op re-run).
@@ -192,7 +192,7 @@ def print_table(title, header, rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--host", default="lab-vgpu", help="lab host to use (default: lab-vgpu)")
+    parser.add_argument("--host", default="lab-modules", help="lab host to use (default: lab-modules, the spare host)")
     parser.add_argument("--skip-prepare", action="store_true",
                         help="reuse a running host whose IOMMU is already on (no reset, start or reboot)")
     parser.add_argument("--keep", action="store_true", help="leave the host as it is at the end (no reset)")

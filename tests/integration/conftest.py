@@ -2,8 +2,11 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
@@ -34,9 +37,130 @@ def lab_status():
 
 @pytest.fixture(scope="session")
 def running_lab():
-    """The whole lab, running (a no-op when `make integration` already started it)."""
+    """The lab's GPU hosts, running (a no-op when `make integration` already started them); the spare
+    host (gpulab_autostart: false) is left out."""
     lab("start", check=True)
-    return lab_status()
+    return {name: host for name, host in lab_status().items() if host.get("autostart", True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The workload-type molecule scenarios, run in the background on the three GPU hosts
+# ---------------------------------------------------------------------------------------------
+
+SCENARIOS = {"container": "lab-container", "vm_passthrough": "lab-passthrough", "vm_vgpu": "lab-vgpu"}
+
+
+def molecule(scenario, env=None, output=None):
+    """Start `molecule test -s scenario`; its plain-text output goes to `output` (a file) or a pipe."""
+    full_env = dict(os.environ)
+    full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
+    full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
+    full_env.update(env or {})
+    full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400")
+    return subprocess.Popen(["molecule", "test", "-s", scenario], cwd=TOP, env=full_env, text=True,
+                            stdout=output if output is not None else subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+
+
+class BackgroundRuns:
+    """Molecule scenarios started at once in the background; results() waits for them.
+
+    They run while other tests work elsewhere (test_20's module targets on the spare host, the image,
+    API server and docs tests), so their output goes to files rather than pipes nobody reads yet.
+    """
+
+    started_runs = []
+
+    def __init__(self, specs):
+        self.started = time.monotonic()
+        self.dir = tempfile.mkdtemp(prefix="gpuops-scenarios-")
+        self.procs = {}
+        for name, env in specs.items():
+            handle = open(os.path.join(self.dir, name + ".log"), "w+", encoding="utf-8")  # pylint: disable=consider-using-with
+            self.procs[name] = (molecule(name, env, output=handle), handle)
+        self._results = None
+        BackgroundRuns.started_runs.append(self)
+
+    def results(self, timeout=3600):
+        """{scenario: (returncode, output, seconds from the start to its end)}"""
+        if self._results is None:
+            results = {}
+            for name, (proc, handle) in self.procs.items():
+                proc.wait(timeout=timeout)
+                elapsed = time.monotonic() - self.started
+                handle.seek(0)
+                results[name] = (proc.returncode, handle.read(), elapsed)
+                handle.close()
+            self._results = results
+        return self._results
+
+    def kill(self):
+        for proc, handle in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if not handle.closed:
+                handle.close()
+
+
+@pytest.fixture(scope="session")
+def scenario_batch(running_lab):  # pylint: disable=unused-argument,redefined-outer-name
+    """The three workload-type scenarios, started once for the session on the three GPU hosts; every host
+    stays as its scenario left it (for the switch scenario, the failure paths and site.yml)."""
+    batch = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS})
+    yield batch
+    batch.kill()
+
+
+@pytest.fixture(scope="session")
+def switch_run(scenario_batch):  # pylint: disable=redefined-outer-name
+    """The switch scenario (vm-passthrough -> container -> vm-passthrough) on the host the vm_passthrough
+    scenario left prepared, started in the background once that scenario passed; None when it failed."""
+    if scenario_batch.results()["vm_passthrough"][0] != 0:
+        yield None
+        return
+    run_ = BackgroundRuns({"switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}})
+    yield run_
+    run_.kill()
+
+
+@pytest.fixture(scope="session")
+def settled_lab(running_lab):  # pylint: disable=redefined-outer-name
+    """The running lab once every background scenario of the session has ended (for tests that use
+    all the GPU hosts)."""
+    for started in BackgroundRuns.started_runs:
+        started.results()
+    return running_lab
+
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+REBOOT_TASK = "Reboot once ("
+
+
+def plain(text):
+    """Molecule's output without colours, its box margin, or the wrapping of long lines."""
+    text = ANSI_RE.sub("", text)
+    text = re.sub(r"\n[ \t]*│ {3}", " ", text)
+    return re.sub(r"(?m)^[ \t]*[│┌└][─ ]?", "", text)
+
+
+def action_output(out, action):
+    """The part of a molecule run's output that belongs to one action (converge, idempotence...)."""
+    out = plain(out)
+    # "container ➜ converge: Executing" with colours, "[container > converge] Executing" without (NO_COLOR).
+    marks = [(m.start(), m.group(1) or m.group(2)) for m in re.finditer(
+        r"INFO\s+(?:\w+\s+➜\s+(\w+):|\[\w+ > (\w+)\]) Executing", out)]
+    for index, (start, name) in enumerate(marks):
+        if name == action:
+            # An action may log several "Executing" lines; it ends where another action starts.
+            end = next((pos for pos, other in marks[index + 1:] if other != action), len(out))
+            return out[start:end]
+    return ""
+
+
+def reboots(text):
+    """Reboot tasks that really ran (changed) in a play's output."""
+    return len(re.findall(r"TASK \[[^\]]*%s[^\]]*\][^\n]*\n(?:(?![^\n]*TASK \[)[^\n]*\n)*?[^\n]*changed: " % re.escape(REBOOT_TASK), text))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Each module's integration target (tests/integration/targets/<module>) on a real lab host.
 
-The host starts from the pristine image (IOMMU off): the tests before this one only read it, and this
-module resets it when it ends. kernel_cmdline turns the IOMMU on through grub; the host then reboots
-once, and the other targets run on the IOMMU-enabled kernel.
+They run on lab-modules, the lab's spare host (outside gpu_nodes, started only when named), while the
+three workload-type scenarios of test_40 run on the GPU hosts in the background. The host starts from
+the pristine image (IOMMU off); kernel_cmdline turns the IOMMU on through grub; the host then reboots
+once, and the other targets run on the IOMMU-enabled kernel. The host is reset and stopped at the end.
 """
 
 import os
@@ -11,9 +12,7 @@ import pytest
 
 from conftest import TOP, lab, run
 
-HOST = "lab-vgpu"
-# Hosts this module does not use are stopped, so the emulated CPU goes to the one that works.
-IDLE = ["lab-container", "lab-passthrough"]
+HOST = "lab-modules"
 TARGETS_DIR = os.path.join(TOP, "tests", "integration", "targets")
 # kernel_cmdline first (it needs the pristine command line); the rest after the reboot.
 BEFORE_REBOOT = ["kernel_cmdline"]
@@ -34,8 +33,9 @@ def include(target):
 
 
 @pytest.fixture(scope="module")
-def pristine_host():
-    lab("stop", "--force", *IDLE)
+def pristine_host(scenario_batch):  # pylint: disable=unused-argument
+    # The scenarios start first (the fixture), then this host boots from the pristine image beside them.
+    lab("reset", "--no-start", HOST, check=True)
     proc = lab("start", HOST, timeout=1800)
     assert proc.returncode == 0, proc.stdout
     yield HOST

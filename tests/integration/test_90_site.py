@@ -11,14 +11,14 @@ import re
 from conftest import run
 
 
-def test_site_is_a_noop_on_prepared_hosts(running_lab, kube_api):
+def test_site_is_a_noop_on_prepared_hosts(settled_lab, kube_api):
     env = {"PATH": kube_api["bin_dir"] + os.pathsep + os.environ.get("PATH", "")}
     proc = run(["ansible-playbook", "playbooks/site.yml", "-i", "inventories/lab/",
                 "-e", "gpuops_kubeconfig=%s" % kube_api["kubeconfig"]], timeout=2400, env=env)
     out = proc.stdout
     assert proc.returncode == 0, out[-6000:]
     recap = out[out.index("PLAY RECAP"):]
-    for host in running_lab:
+    for host in settled_lab:
         line = re.search(r"^%s\s+:(.*)$" % re.escape(host), recap, re.M)
         assert line, "no PLAY RECAP line for %s" % host
         assert "failed=0" in line.group(1) and "unreachable=0" in line.group(1)

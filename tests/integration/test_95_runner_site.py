@@ -65,7 +65,7 @@ def host_events(run, event):
     return [e for e in run.events if e.get("event") == event]
 
 
-def test_site_through_ansible_runner(running_lab, kube_api, tmp_path):
+def test_site_through_ansible_runner(settled_lab, kube_api, tmp_path):
     # The kubeconfig as AWX's kubeconfig credential type hands it over: an extra variable naming a file.
     extravars = {"awx_job_id": 15, "awx_job_template_name": "gpuops full site", "tower_job_id": 15,
                  "gpuops_kubeconfig": kube_api["kubeconfig"]}
@@ -87,7 +87,7 @@ def test_site_through_ansible_runner(running_lab, kube_api, tmp_path):
 
     unreachable = [e["event_data"].get("host") for e in host_events(run, "runner_on_unreachable")]
     assert not failed and not unreachable, (failed, unreachable)
-    assert set(running_lab) <= set(run.stats["ok"]), run.stats
+    assert set(settled_lab) <= set(run.stats["ok"]), run.stats
     assert not run.stats["failures"] and not run.stats["dark"], run.stats
 
     # The extra variables reached the play, as AWX's do.
@@ -102,7 +102,7 @@ def test_site_through_ansible_runner(running_lab, kube_api, tmp_path):
         if isinstance(report, dict):
             summaries[event["event_data"]["host"]] = report
     inventory = awx_inventory(LAB_INVENTORY)
-    for host in running_lab:
+    for host in settled_lab:
         groups = [g for g in ("container", "vm_passthrough", "vm_vgpu", "dra") if host in inventory.get(g, {}).get("hosts", [])]
         assert host in summaries, "no readiness report for %s: %s" % (host, sorted(summaries))
         assert groups and summaries[host]["workload_type"] == groups[0].replace("_", "-"), (host, groups, summaries[host])

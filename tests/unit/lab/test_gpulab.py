@@ -107,6 +107,19 @@ all:
         gpulab.select_hosts(["c-host"])
 
 
+def test_a_host_without_autostart_starts_only_when_named(gpulab):
+    write_hosts(gpulab, """
+all:
+  children:
+    gpu_nodes: {hosts: {a-host: null}}
+    lab_spare: {hosts: {spare: {gpulab_autostart: false}, other: {gpulab_autostart: true}}}
+""")
+    assert gpulab.select_hosts([], starting=True) == ["a-host", "other"]
+    assert gpulab.select_hosts([]) == ["a-host", "spare", "other"]
+    assert gpulab.select_hosts(["spare"], starting=True) == ["spare"]
+    assert not gpulab.autostarts("spare") and gpulab.autostarts("a-host")
+
+
 def test_empty_inventory_is_an_error(gpulab):
     write_hosts(gpulab, "all: {}\n")
     with pytest.raises(gpulab.LabError, match="names no hosts"):
