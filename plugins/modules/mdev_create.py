@@ -204,14 +204,12 @@ rollback:
            "rolled_back": ["4b20d080-1b54-4048-85b3-a6a62d165c01 (type mtty-1 on mtty)"], "rollback_errors": []}
 """
 
-import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _persist
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 
 # The filesystem root the module works on; unit tests point it at a fake tree.
 ROOT = "/"
@@ -276,62 +274,25 @@ def _device_lines(entries):
     return "".join("%s\n" % _mdev.describe_entry(e) for e in entries)
 
 
-def write_file(module, root, path, content):
-    """Write ``content`` to ``path`` (under root) via a temp file and atomic_move; root:root 0644."""
-    dest = host_path(root, path)
-    directory = os.path.dirname(dest)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    fd, tmp = tempfile.mkstemp(prefix=".gpuops-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(content)
-        module.atomic_move(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    os.chmod(dest, 0o644)
-    if os.geteuid() == 0:
-        os.chown(dest, 0, 0)
-
-
-def _read_text(root, path):
-    try:
-        with open(host_path(root, path), "r") as handle:
-            return handle.read()
-    except (IOError, OSError):
-        return None
-
-
 def persistence_changes(root, definitions_text):
     """Return ``{path: new_text}`` of the files to write and whether the wants link must be made."""
     files = {}
     for path, text in ((_mdev.DEFINITIONS_FILE, definitions_text),
                        (_mdev.RESTORE_SCRIPT, _mdev.RESTORE_SCRIPT_TEXT),
                        (_mdev.UNIT_FILE, _mdev.UNIT_TEXT)):
-        if _read_text(root, path) != text:
+        if _persist.read_text(root, path) != text:
             files[path] = text
-    link = host_path(root, _mdev.WANTS_LINK)
-    need_link = not (os.path.islink(link) and os.readlink(link) == _mdev.UNIT_FILE)
-    return files, need_link
+    return files, _persist.wants_link_missing(root, _mdev.WANTS_LINK, _mdev.UNIT_FILE)
 
 
 def apply_persistence(module, root, files, need_link):
     for path in (_mdev.RESTORE_SCRIPT, _mdev.UNIT_FILE, _mdev.DEFINITIONS_FILE):
         if path in files:
-            write_file(module, root, path, files[path])
+            _persist.write_text(module, root, path, files[path])
     if need_link:
-        link = host_path(root, _mdev.WANTS_LINK)
-        os.makedirs(os.path.dirname(link), 0o755, exist_ok=True)
-        if os.path.lexists(link):
-            os.unlink(link)
-        os.symlink(_mdev.UNIT_FILE, link)
-    if _mdev.UNIT_FILE in files and os.path.isdir(host_path(root, "/run/systemd/system")):
-        systemctl = module.get_bin_path("systemctl")
-        if systemctl:
-            rc, out, err = module.run_command([systemctl, "daemon-reload"], environ_update={"LC_ALL": "C"})
-            if rc != 0:
-                module.warn("systemctl daemon-reload failed (rc=%d): %s %s" % (rc, out.strip(), err.strip()))
+        _persist.make_wants_link(root, _mdev.WANTS_LINK, _mdev.UNIT_FILE)
+    if _mdev.UNIT_FILE in files:
+        _persist.daemon_reload(module, root)
 
 
 def run(module, root):
@@ -364,7 +325,7 @@ def run(module, root):
     if module._diff:
         before_devices = plan["keep"] + plan["remove"]
         after_devices = plan["keep"] + plan["create"]
-        old_text = _read_text(root, _mdev.DEFINITIONS_FILE) or ""
+        old_text = _persist.read_text(root, _mdev.DEFINITIONS_FILE) or ""
         result["diff"] = [
             {"before_header": "devices", "after_header": "devices",
              "before": _device_lines(before_devices), "after": _device_lines(after_devices)},

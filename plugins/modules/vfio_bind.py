@@ -267,12 +267,11 @@ rollback:
 """
 
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _vfio
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTOR_ARGUMENT_SPEC,
     SELECTOR_MUTUALLY_EXCLUSIVE,
@@ -357,22 +356,8 @@ def plan_files(plan, params, root):
 
 
 def write_file(module, root, path, content):
-    """Write ``content`` to host ``path`` through a temp file in its directory and atomic_move; root:root 0644."""
-    dest = host_path(root, path)
-    directory = os.path.dirname(dest)
-    os.makedirs(directory, 0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gpuops-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(content)
-        module.atomic_move(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    # atomic_move gives a new file the umask's mode; these files are root:root 0644 whatever the umask.
-    os.chmod(dest, 0o644)
-    if os.geteuid() == 0:
-        os.chown(dest, 0, 0)
+    """Write ``content`` to host ``path`` atomically, root:root 0644 whatever the umask."""
+    _persist.write_text(module, root, path, content)
 
 
 def apply_files(module, root, changes):
