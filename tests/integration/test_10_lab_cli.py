@@ -13,12 +13,14 @@ VICTIM = "lab-vgpu"
 
 def test_start_of_a_running_lab_is_a_noop(running_lab):
     pids = {h: v["pid"] for h, v in lab_status().items()}
-    assert all(pids.values())
+    assert all(pids[host] for host in running_lab)
     started = time.time()
     proc = lab("start", check=True)
     assert time.time() - started < 120
     for host in running_lab:
         assert "%s: already running" % host in proc.stdout
+    # The spare host (gpulab_autostart: false) stays as it was: a plain start does not boot it.
+    assert "lab-modules" not in running_lab and "lab-modules" not in proc.stdout
     assert {h: v["pid"] for h, v in lab_status().items()} == pids
 
 
