@@ -89,7 +89,7 @@ def quiet_runs(host, facts_file, repeat):
     """The no-op re-run and the facts-only play, alternating, one at a time; the median of each."""
     noops, facts = [], []
     try:
-        for _ in range(repeat):
+        for _attempt in range(repeat):
             noops.append(measured("noop", prepare_cmd(host), host))
             facts.append(measured("facts", ["ansible-playbook", facts_file, "-i", "inventories/lab/", "--limit", host], host))
     except RuntimeError as exc:
