@@ -345,8 +345,26 @@ ansible_facts:
           type: list
           elements: str
           sample: ["0000:01:00.0"]
+        fingerprint:
+          description:
+            - SHA-256 over the boot settings a GPU node's preparation depends on - the running command line,
+              kernel and GPU-related loaded modules, the content of the grub and kernel command line files,
+              modprobe.d, modules-load.d, the initramfs configuration, this collection's udev rules,
+              C(/etc/gpuops) and systemd units, and the size and time of the running kernel's initramfs and
+              of the boot loader configuration. Any edit to one of them changes it.
+          type: str
+          sample: 9b1f0c3e5d2a4b6c8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d
+        prepared:
+          description:
+            - What the host preparation recorded in C(/var/lib/gpuops/prepared.json) the last time it found the
+              host ready, or null when there is no such record (or it cannot be read).
+          type: dict
+          sample: {"inputs": "5e1d...", "fingerprint": "9b1f...", "runtime": "0c7a...", "expected": {}}
 """
 
+import fnmatch
+import hashlib
+import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -452,7 +470,85 @@ def host_summary(root="/"):
         kernel = None
     mdevs = sorted(list_mdev_devices(root).values(), key=lambda dev: dev["uuid"])
     return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs, "managed_files": managed,
-            "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root)}
+            "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root),
+            "fingerprint": boot_fingerprint(root, kernel), "prepared": read_prepared(root)}
+
+
+# What a GPU node's preparation depends on at boot: (directory, name pattern, how) - "content" hashes the
+# file, "stat" only its size and modification time (large boot images). {kernel} is the running kernel.
+FINGERPRINT_SOURCES = (
+    ("/proc", "cmdline", "content"),
+    ("/etc/default", "grub", "content"),
+    ("/etc/default/grub.d", "*", "content"),
+    ("/etc/kernel", "cmdline", "content"),
+    ("/etc/kernel/cmdline.d", "*", "content"),
+    ("/etc/modprobe.d", "*", "content"),
+    ("/etc/modules-load.d", "*", "content"),
+    ("/etc", "modules", "content"),
+    ("/etc/initramfs-tools", "modules", "content"),
+    ("/etc/initramfs-tools", "initramfs.conf", "content"),
+    ("/etc/initramfs-tools/conf.d", "*", "content"),
+    ("/etc/dracut.conf.d", "*", "content"),
+    ("/etc/udev/rules.d", VFIO_RULE_PREFIX + "*", "content"),
+    ("/etc/gpuops", "*", "content"),
+    ("/etc/systemd/system", "gpuops-*", "content"),
+    ("/etc/systemd/system/multi-user.target.wants", "gpuops-*", "content"),
+    ("/boot", "initrd.img-{kernel}", "stat"),
+    ("/boot", "initramfs-{kernel}.img", "stat"),
+    ("/boot/grub", "grub.cfg", "stat"),
+    ("/boot/grub2", "grub.cfg", "stat"),
+    ("/boot/loader/entries", "*", "stat"),
+)
+FINGERPRINT_MODULES = ("nouveau", "nvidia*", "vfio*", "mdev", "mtty")
+PREPARED_RECORD = "/var/lib/gpuops/prepared.json"
+
+
+def boot_fingerprint(root="/", kernel=None):
+    """SHA-256 (hex) over FINGERPRINT_SOURCES and the GPU-related loaded modules; never raises."""
+    digest = hashlib.sha256()
+    digest.update(("kernel %s\n" % kernel).encode("utf-8"))
+    for directory, pattern, how in FINGERPRINT_SOURCES:
+        pattern = pattern.format(kernel=kernel or "")
+        base = host_path(root, directory)
+        try:
+            names = sorted(n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern))
+        except (IOError, OSError):
+            continue
+        for name in names:
+            path = os.path.join(base, name)
+            digest.update(("%s/%s\n" % (directory, name)).encode("utf-8", "surrogateescape"))
+            try:
+                if os.path.islink(path):
+                    digest.update(("-> %s\n" % os.readlink(path)).encode("utf-8", "surrogateescape"))
+                    continue
+                if not os.path.isfile(path):
+                    continue
+                if how == "stat":
+                    info = os.stat(path)
+                    digest.update(("%d %d\n" % (info.st_size, info.st_mtime_ns)).encode("utf-8"))
+                else:
+                    with open(path, "rb") as handle:
+                        digest.update(hashlib.sha256(handle.read()).hexdigest().encode("ascii"))
+            except (IOError, OSError) as exc:
+                digest.update(("unreadable %s\n" % exc.errno).encode("utf-8"))
+    try:
+        with open(host_path(root, "/proc/modules")) as handle:
+            loaded = sorted(line.split()[0] for line in handle if line.split()
+                            and any(fnmatch.fnmatchcase(line.split()[0], p) for p in FINGERPRINT_MODULES))
+    except (IOError, OSError):
+        loaded = []
+    digest.update(("modules %s\n" % " ".join(loaded)).encode("utf-8"))
+    return digest.hexdigest()
+
+
+def read_prepared(root="/"):
+    """The record the host preparation left at its last ready run, or None."""
+    try:
+        with open(host_path(root, PREPARED_RECORD)) as handle:
+            record = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def recorded_sriov_pfs(root="/"):

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import pathlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -194,3 +195,61 @@ def test_fuzz_typed_arguments_never_raise_and_change_nothing(monkeypatch, fuzz_r
         assert isinstance(result["ansible_facts"]["gpuops_gpus"], list)
     else:
         assert isinstance(result["msg"], str) and result["msg"]
+
+
+def _write(root, path, text):
+    full = root / path.lstrip("/")
+    full.parent.mkdir(parents=True, exist_ok=True)
+    full.write_text(text)
+    return full
+
+
+def test_fingerprint_follows_the_boot_settings_and_nothing_else(tmp_path):
+    root = tmp_path
+    _write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=/dev/vda1 intel_iommu=on iommu=pt\n")
+    _write(root, "/etc/modprobe.d/gpuops-nouveau.conf", "blacklist nouveau\n")
+    _write(root, "/boot/initrd.img-6.1.0", "x" * 10)
+    _write(root, "/proc/modules", "vfio_pci 16384 0 - Live 0x0\next4 1 0 - Live 0x0\n")
+    first = gpu_facts.boot_fingerprint(str(root), "6.1.0")
+    assert first == gpu_facts.boot_fingerprint(str(root), "6.1.0")
+    # Files a preparation does not depend on leave it alone.
+    _write(root, "/etc/hostname", "node-1\n")
+    _write(root, "/etc/udev/rules.d/70-other.rules", "# not ours\n")
+    _write(root, "/boot/initrd.img-5.10.0", "old kernel")
+    _write(root, "/proc/modules", "vfio_pci 16384 0 - Live 0x0\next4 1 0 - Live 0x0\nxfs 1 0 - Live 0x0\n")
+    assert gpu_facts.boot_fingerprint(str(root), "6.1.0") == first
+    # Each of these changes it: a setting edited, a file added or removed, a rebuilt initramfs, a GPU module
+    # loaded, another kernel, another command line.
+    changes = [
+        lambda: _write(root, "/etc/modprobe.d/gpuops-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n"),
+        lambda: _write(root, "/etc/modprobe.d/local.conf", "options vfio-pci ids=10de:2236\n"),
+        lambda: (root / "etc/modprobe.d/local.conf").unlink(),
+        lambda: _write(root, "/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules", "ACTION==\"add\"\n"),
+        lambda: _write(root, "/boot/initrd.img-6.1.0", "y" * 11),
+        lambda: _write(root, "/proc/modules", "vfio_pci 16384 0 - Live 0x0\nnouveau 1 0 - Live 0x0\n"),
+        lambda: _write(root, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=/dev/vda1\n"),
+        lambda: _write(root, "/etc/default/grub.d/99-gpuops-sandbox.cfg", "GRUB_CMDLINE_LINUX=\"$GRUB_CMDLINE_LINUX\"\n"),
+    ]
+    history = [first]
+    for change in changes:
+        change()
+        history.append(gpu_facts.boot_fingerprint(str(root), "6.1.0"))
+        assert history[-1] != history[-2]
+    # Removing the file added before gives back the fingerprint from before it was added.
+    assert history[3] == history[1]
+    assert len(set(history)) == len(history) - 1
+    assert gpu_facts.boot_fingerprint(str(root), "6.2.0") not in history
+
+
+def test_prepared_record_is_read_when_valid(monkeypatch, host):
+    kind, result = run(monkeypatch, host.root, {})
+    assert kind == "exit" and result["ansible_facts"]["gpuops_host"]["prepared"] is None
+    assert len(result["ansible_facts"]["gpuops_host"]["fingerprint"]) == 64
+    record = _write(pathlib.Path(host.root), gpu_facts.PREPARED_RECORD, '{"inputs": "a", "fingerprint": "b", "runtime": "c", "expected": {}}')
+    kind, result = run(monkeypatch, host.root, {})
+    assert result["ansible_facts"]["gpuops_host"]["prepared"] == {"inputs": "a", "fingerprint": "b", "runtime": "c",
+                                                                   "expected": {}}
+    for broken in ("{not json", "[1, 2]", ""):
+        record.write_text(broken)
+        kind, result = run(monkeypatch, host.root, {})
+        assert kind == "exit" and result["ansible_facts"]["gpuops_host"]["prepared"] is None
