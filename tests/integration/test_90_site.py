@@ -8,7 +8,7 @@ cluster half then labels the lab's Node objects on the real API server.
 import os
 import re
 
-from conftest import run
+from conftest import lab, run
 
 
 def test_site_is_a_noop_on_prepared_hosts(settled_lab, kube_api):
@@ -34,3 +34,34 @@ def test_site_is_a_noop_on_prepared_hosts(settled_lab, kube_api):
         label = run(kubectl + ["get", "node", host, "-o",
                                "jsonpath={.metadata.labels.nvidia\\.com/gpu\\.workload\\.config}"], check=True)
         assert label.stdout.strip() == wanted, (host, label.stdout)
+
+
+# The lone edu device behind a root port (its own IOMMU group) and the audio function beside the first edu.
+LONE_GPU = "0000:02:00.0"
+AUDIO_RULE = "/etc/udev/rules.d/61-gpuops-vfio-0000:00:03.1.rules"
+FAST = "TASK [gpuops.sandbox.host_prepare : Keep the host as recorded"
+BIND = "TASK [gpuops.sandbox.host_prepare : Bind the GPUs"
+
+
+def prepare_passthrough():
+    proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
+                "lab-passthrough"], timeout=2400)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    recap = re.search(r"^lab-passthrough\s+:.*changed=(\d+)", proc.stdout, re.M)
+    assert recap, proc.stdout[-3000:]
+    return proc.stdout, int(recap.group(1))
+
+
+def test_a_drifted_host_is_repaired_then_skipped_again(settled_lab):
+    # A GPU taken off vfio-pci and a persistence rule deleted behind the collection's back: the record of
+    # the last ready run no longer matches, so every module runs and puts both back.
+    lab("ssh", "lab-passthrough", "--", "echo %s > /sys/bus/pci/drivers/vfio-pci/unbind; rm -f %s"
+        % (LONE_GPU, AUDIO_RULE), check=True)
+    out, changed = prepare_passthrough()
+    assert changed >= 1 and BIND in out and FAST not in out, out[-6000:]
+    state = lab("ssh", "lab-passthrough", "--", "readlink /sys/bus/pci/devices/%s/driver; ls %s" % (LONE_GPU, AUDIO_RULE),
+                check=True).stdout
+    assert state.split()[0].endswith("/vfio-pci") and AUDIO_RULE in state, state
+    # Now the host matches its new record: the next run calls gpu_facts only and changes nothing.
+    out, changed = prepare_passthrough()
+    assert changed == 0 and FAST in out and BIND not in out, out[-6000:]
