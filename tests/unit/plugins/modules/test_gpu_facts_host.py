@@ -125,8 +125,10 @@ def test_os_release_never_raises(tmp_path, content):
 
 def test_host_summary_of_a_bare_host(host):
     summary = gpu_facts.host_summary(host.root)
+    fingerprint = summary.pop("fingerprint")
+    assert len(fingerprint) == 64 and int(fingerprint, 16) >= 0
     assert summary == {
-        "os": NONE_OS, "kernel": None, "mdev_devices": [],
+        "os": NONE_OS, "kernel": None, "mdev_devices": [], "prepared": None,
         "managed_files": {"kernel_cmdline": [], "nouveau": [], "vfio_modules": [], "mdev_definitions": [],
                           "sriov_definitions": [], "vfio_rules": []},
         "sriov": {st.A100: {"numvfs": 2, "totalvfs": 20}, st.L40S: {"numvfs": 2, "totalvfs": 32}},
