@@ -223,7 +223,7 @@ def test_fingerprint_follows_the_boot_settings_and_nothing_else(tmp_path):
     changes = [
         lambda: _write(root, "/etc/modprobe.d/gpuops-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n"),
         lambda: _write(root, "/etc/modprobe.d/local.conf", "options vfio-pci ids=10de:2236\n"),
-        lambda: (root / "etc/modprobe.d/local.conf").unlink(),
+        (root / "etc/modprobe.d/local.conf").unlink,
         lambda: _write(root, "/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules", "ACTION==\"add\"\n"),
         lambda: _write(root, "/boot/initrd.img-6.1.0", "y" * 11),
         lambda: _write(root, "/proc/modules", "vfio_pci 16384 0 - Live 0x0\nnouveau 1 0 - Live 0x0\n"),
@@ -247,8 +247,8 @@ def test_prepared_record_is_read_when_valid(monkeypatch, host):
     assert len(result["ansible_facts"]["gpuops_host"]["fingerprint"]) == 64
     record = _write(pathlib.Path(host.root), gpu_facts.PREPARED_RECORD, '{"inputs": "a", "fingerprint": "b", "runtime": "c", "expected": {}}')
     kind, result = run(monkeypatch, host.root, {})
-    assert result["ansible_facts"]["gpuops_host"]["prepared"] == {"inputs": "a", "fingerprint": "b", "runtime": "c",
-                                                                   "expected": {}}
+    expected = {"inputs": "a", "fingerprint": "b", "runtime": "c", "expected": {}}
+    assert result["ansible_facts"]["gpuops_host"]["prepared"] == expected
     for broken in ("{not json", "[1, 2]", ""):
         record.write_text(broken)
         kind, result = run(monkeypatch, host.root, {})
