@@ -533,8 +533,8 @@ def boot_fingerprint(root="/", kernel=None):
                 digest.update(("unreadable %s\n" % exc.errno).encode("utf-8"))
     try:
         with open(host_path(root, "/proc/modules")) as handle:
-            loaded = sorted(line.split()[0] for line in handle if line.split()
-                            and any(fnmatch.fnmatchcase(line.split()[0], p) for p in FINGERPRINT_MODULES))
+            names = [line.split(None, 1)[0] for line in handle if line.strip()]
+        loaded = sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in FINGERPRINT_MODULES))
     except (IOError, OSError):
         loaded = []
     digest.update(("modules %s\n" % " ".join(loaded)).encode("utf-8"))

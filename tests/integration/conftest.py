@@ -50,16 +50,15 @@ def running_lab():
 SCENARIOS = {"container": "lab-container", "vm_passthrough": "lab-passthrough", "vm_vgpu": "lab-vgpu"}
 
 
-def molecule(scenario, env=None, output=None):
-    """Start `molecule test -s scenario`; its plain-text output goes to `output` (a file) or a pipe."""
+def molecule(scenario, env, output):
+    """Start `molecule test -s scenario`; its plain-text output goes to the open file `output`."""
     full_env = dict(os.environ)
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env.update(env or {})
     full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400")
     return subprocess.Popen(["molecule", "test", "-s", scenario], cwd=TOP, env=full_env, text=True,
-                            stdout=output if output is not None else subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+                            stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 class BackgroundRuns:
