@@ -16,6 +16,7 @@ server's own status message.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from ansible.module_utils.basic import env_fallback
@@ -26,12 +27,13 @@ try:
     from kubernetes.client.rest import ApiException
     from kubernetes.config.config_exception import ConfigException
     import urllib3
+    import yaml
     HAS_KUBERNETES = True
     KUBERNETES_IMPORT_ERROR = None
 except ImportError as exc:  # pragma: no cover - exercised by the sanity import test
     HAS_KUBERNETES = False
     KUBERNETES_IMPORT_ERROR = exc
-    ApiException = ConfigException = None
+    ApiException = ConfigException = yaml = None
 
 # Options every cluster module takes; the matching documentation is the kube_auth doc fragment.
 AUTH_ARGUMENT_SPEC = dict(
@@ -107,6 +109,43 @@ def _status_message(exc):
     return message or exc.reason or "no message"
 
 
+def check_kubeconfig(kubeconfig):
+    """Check the file(s) of ``kubeconfig`` (one path, or several joined like KUBECONFIG) before the client reads them.
+
+    The client says only "No configuration found" for a path that does not exist, and lets a YAML error or a
+    TypeError escape for a file that is not a kubeconfig. Raise KubeError naming the file instead; the message
+    never quotes the file (it holds tokens and keys), only where YAML found a problem. Nothing to check when
+    ``kubeconfig`` is empty (the client's default, ~/.kube/config or KUBECONFIG).
+    """
+    if not kubeconfig:
+        return
+    paths = [path for path in kubeconfig.split(os.pathsep) if path]
+    found = [path for path in paths if os.path.exists(path)]
+    if not found:
+        raise KubeError("kubeconfig %s does not exist; give the path of a kubeconfig on the controller" % kubeconfig)
+    for path in found:
+        try:
+            with open(path, "rb") as handle:
+                document = yaml.safe_load(handle)
+        except yaml.YAMLError as exc:
+            raise KubeError("the kubeconfig %s is not valid YAML%s; give the path of a kubeconfig file"
+                            % (path, _yaml_position(exc)))
+        except OSError as exc:
+            raise KubeError("cannot read the kubeconfig %s: %s" % (path, exc.strerror or exc))
+        if document is not None and not isinstance(document, dict):
+            raise KubeError("the kubeconfig %s is not a kubeconfig: its top level is a YAML %s, not a mapping of "
+                            "clusters, users and contexts" % (path, {list: "list", str: "string"}.get(
+                                type(document), "scalar")))
+
+
+def _yaml_position(exc):
+    """" (line L, column C)" of a YAML error: never its problem text, which may quote the file."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is None:
+        return ""
+    return " (line %d, column %d)" % (mark.line + 1, mark.column + 1)
+
+
 class KubeApi:
     """The few API calls the modules make, each turning failures into KubeError.
 
@@ -122,14 +161,23 @@ class KubeApi:
         self.context = context
         if api_client is None:
             configuration = k8s_client.Configuration()
+            name = kubeconfig or "(default)"
+            check_kubeconfig(kubeconfig)
             try:
                 k8s_config.load_kube_config(config_file=kubeconfig, context=context,
                                             client_configuration=configuration, persist_config=False)
             except ConfigException as exc:
                 raise KubeError("cannot use the kubeconfig %s%s: %s" % (
-                    kubeconfig or "(default)", " (context %s)" % context if context else "", exc))
-            except (OSError, ValueError, TypeError) as exc:
-                raise KubeError("cannot read the kubeconfig %s: %s" % (kubeconfig or "(default)", exc))
+                    name, " (context %s)" % context if context else "", exc))
+            except yaml.YAMLError as exc:
+                raise KubeError("the kubeconfig %s is not valid YAML%s" % (name, _yaml_position(exc)))
+            except OSError as exc:
+                raise KubeError("cannot read the kubeconfig %s: %s" % (name, exc))
+            except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+                # The file is YAML but not shaped like a kubeconfig (a user that is a string, a list of
+                # clusters that is a number...). Only the exception's type: its text may quote the file.
+                raise KubeError("the kubeconfig %s is not a valid kubeconfig (%s while reading it); check its "
+                                "clusters, users and contexts" % (name, type(exc).__name__))
             # One retry for a dropped connection; an unreachable server fails in seconds, not minutes.
             configuration.retries = 1
             # Room for the concurrent patches of node_labels.

@@ -137,3 +137,51 @@ def test_label_checks():
         check_label_key("Bad_Prefix/x")
     with pytest.raises(ValueError, match="value 'a b'"):
         label_value("k", "a b")
+
+
+def test_a_kubeconfig_that_does_not_exist_is_named(tmp_path):
+    missing = str(tmp_path / "nowhere" / "kubeconfig")
+    with pytest.raises(KubeError) as exc:
+        KubeApi(kubeconfig=missing)
+    assert exc.value.msg == ("kubeconfig %s does not exist; give the path of a kubeconfig on the controller"
+                             % missing)
+    assert "No configuration found" not in exc.value.msg
+
+
+SECRET = "sekrit-token-0123456789"
+
+
+@pytest.mark.parametrize("text, expected", [
+    # Not YAML at all: an unclosed flow sequence, a tab where YAML wants indentation.
+    ("apiVersion: v1\nusers: [\n  {name: u, user: {token: %s}}\n" % SECRET, r"is not valid YAML \(line 4, column 1\)"),
+    ("users:\n\t- token: %s\n" % SECRET, r"is not valid YAML \(line 2, column 1\)"),
+    # YAML, but not a kubeconfig: a list, a bare string, a user that is a string.
+    ("- %s\n" % SECRET, "is not a kubeconfig: its top level is a YAML list"),
+    ("%s\n" % SECRET, "is not a kubeconfig: its top level is a YAML string"),
+    ("clusters:\n- name: k\n  cluster: {server: 'http://127.0.0.1:1'}\nusers:\n- name: u\n  user: %s\n"
+     "contexts:\n- name: c\n  context: {cluster: k, user: u}\ncurrent-context: c\n" % SECRET,
+     r"is not a valid kubeconfig \(AttributeError while reading it\)"),
+    ("apiVersion: v1\nclusters: 5\nusers: [{name: u, user: {token: %s}}]\n" % SECRET,
+     r"is not a valid kubeconfig \(TypeError while reading it\)"),
+])
+def test_a_kubeconfig_that_is_not_one_fails_clearly_without_its_contents(tmp_path, text, expected):
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    with pytest.raises(KubeError, match=expected) as exc:
+        KubeApi(kubeconfig=str(path))
+    assert str(path) in exc.value.msg
+    assert SECRET not in exc.value.msg and "sekrit" not in exc.value.msg
+
+
+def test_a_directory_is_not_a_kubeconfig(tmp_path):
+    with pytest.raises(KubeError, match="cannot read the kubeconfig %s: Is a directory" % tmp_path):
+        KubeApi(kubeconfig=str(tmp_path))
+
+
+def test_kubeconfig_paths_joined_like_kubeconfig_need_one_that_exists(tmp_path, server):
+    good = kubeconfig(tmp_path, server)
+    api = KubeApi(kubeconfig=str(tmp_path / "absent") + ":" + good)
+    assert api.version() == "v1.35.4"
+    both = "%s:%s" % (tmp_path / "a", tmp_path / "b")
+    with pytest.raises(KubeError, match="kubeconfig %s does not exist" % both):
+        KubeApi(kubeconfig=both)
