@@ -17,6 +17,7 @@ import errno
 import os
 import re
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _plugin_names
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     PCI_ADDRESS_RE,
     SysfsError,
@@ -51,8 +52,6 @@ _PCI_IDS_SUBSYS_RE = re.compile(r"^\t\t([0-9a-fA-F]{4})\s+([0-9a-fA-F]{4})\s+(.*
 _PCI_IDS_CLASS_RE = re.compile(r"^C\s+([0-9a-fA-F]{2})\s+(.*\S)\s*$")
 _PCI_IDS_SUBCLASS_RE = re.compile(r"^\t([0-9a-fA-F]{2})\s+(.*\S)\s*$")
 _PCI_IDS_PROGIF_RE = re.compile(r"^\t\t([0-9a-fA-F]{2})\s+(.*\S)\s*$")
-_WHITESPACE_RE = re.compile(r"\s+")
-_NOT_NAME_CHAR_RE = re.compile(r"[^A-Za-z0-9_.]+")
 
 
 class SelectorError(SysfsError):
@@ -159,19 +158,18 @@ def pci_names(db, vendor, device=None, subsystem_vendor=None, subsystem_device=N
     return result
 
 
-def _sanitise_plugin_name(rest):
-    name = rest.strip().upper().replace("/", "_").replace(".", "_")
-    name = _WHITESPACE_RE.sub("_", name)
-    return _NOT_NAME_CHAR_RE.sub("", name)
-
-
 def sandbox_resource_name(pci_ids_text, device_id, vendor_scoped=True):
     """Return the resource name the NVIDIA sandbox (KubeVirt GPU) device plugin advertises.
 
-    ``device_id`` is the 4-hex device ID as read from sysfs (``0x`` and case are tolerated). The name
-    found in ``pci_ids_text`` is trimmed, upper-cased, ``/`` and ``.`` become ``_``, whitespace runs
-    become ``_`` and characters outside ``[A-Za-z0-9_.]`` are dropped: ``2236  GA102GL [A10]`` gives
-    ``nvidia.com/GA102GL_A10``. With no name the bare device ID is used (``nvidia.com/2236``).
+    An exact port of the plugin's rule (see ``_plugin_names``): ``device_id`` is the 4-hex device ID as
+    read from sysfs (``0x`` and case are tolerated); its line in ``pci_ids_text`` is trimmed,
+    upper-cased, ``/`` and ``.`` become ``_``, whitespace runs become ``_`` and characters outside
+    ``[A-Za-z0-9_.]`` are dropped: ``2236  GA102GL [A10]`` gives ``nvidia.com/GA102GL_A10``. With no name
+    the bare device ID is used (``nvidia.com/2236``).
+
+    The plugin reads the pci.ids inside its own image: ``pci_ids_text`` None uses the table of the
+    plugin version the GPU Operator deploys; the host's pci.ids (an older or newer file) may name
+    devices differently.
 
     ``vendor_scoped=True`` follows the current plugin (``getDeviceName`` after ``locateVendor``): only
     device lines of the first line that starts with ``10de`` count, comments are skipped and the first
@@ -179,44 +177,40 @@ def sandbox_resource_name(pci_ids_text, device_id, vendor_scoped=True):
     images, which scan every trimmed line: a line containing the ID twice or more ends the search with
     no name; the first line starting with the ID matches, whatever its vendor.
     """
-    did = (device_id or "").strip().lower()
-    if did.startswith("0x"):
-        did = did[2:]
-    if not _HEX4_RE.match(did):
-        raise SelectorError("device ID %r is not valid; expected 4 hex digits, e.g. 2236" % (device_id,))
-    name = ""
-    lines = (pci_ids_text or "").splitlines()
-    if vendor_scoped:
-        index = 0
-        while index < len(lines) and not lines[index].startswith(NVIDIA_VENDOR_ID):
-            index += 1
-        prefix = "\t" + did
-        for line in lines[index + 1:]:
-            if line.startswith("#"):
-                continue
-            if not line.startswith("\t"):
-                break
-            if line.startswith(prefix):
-                name = _sanitise_plugin_name(line[len(prefix):])
-                break
-    else:
-        for raw in lines:
-            line = raw.strip()
-            if not line or did not in line:
-                continue
-            parts = line.split(did)
-            if len(parts) != 2:
-                break
-            if parts[0] != "":
-                continue
-            name = _sanitise_plugin_name(parts[1])
-            break
-    return SANDBOX_RESOURCE_PREFIX + (name or did)
+    try:
+        did = _plugin_names.normalize_device_id(device_id)
+    except _plugin_names.PluginNameError as exc:
+        raise SelectorError(exc.msg)
+    if pci_ids_text is None:
+        if not vendor_scoped:
+            raise SelectorError("the naming table follows the current sandbox device plugin; older (not vendor "
+                                "scoped) plugin images need their pci.ids content")
+        return _plugin_names.passthrough_resource_name(did)
+    return SANDBOX_RESOURCE_PREFIX + (_plugin_names.plugin_device_name(pci_ids_text, did, vendor_scoped) or did)
 
 
-def vgpu_resource_name(type_name):
-    """Return the sandbox device plugin's resource name for an mdev type name (whitespace -> ``_``)."""
-    return SANDBOX_RESOURCE_PREFIX + _WHITESPACE_RE.sub("_", (type_name or "").strip("\n"))
+def vgpu_resource_name(type_name, pci_ids_text=None):
+    """Return the sandbox device plugin's resource name for an mdev type from its raw ``name`` content.
+
+    Leading and trailing newlines are trimmed and ASCII whitespace runs become ``_`` (give the file's
+    content as read, bytes or text: other blanks are kept). ``pci_ids_text``: the plugin's pci.ids,
+    in which the plugin also looks the name up (default: the deployed version's table).
+    """
+    try:
+        return _plugin_names.vgpu_resource_name(type_name, pci_ids_text)
+    except _plugin_names.PluginNameError as exc:
+        raise SelectorError(exc.msg)
+
+
+def _read_raw_attr(path):
+    """Return the content of a sysfs attribute as bytes, unstripped; None when it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except (IOError, OSError) as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise SysfsError("cannot read %s: %s" % (path, exc.strerror or exc), path=path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,7 +469,9 @@ def read_mdev_types(parent_dir):
             "device_api": read_attr(os.path.join(tdir, "device_api"), default="") or None,
             "description": read_attr(os.path.join(tdir, "description"), default="") or None,
         })
-        types[-1]["resource_name"] = vgpu_resource_name(types[-1]["name"]) if types[-1]["name"] else None
+        # The plugin names the type from the raw file (only newlines trimmed), not the stripped name.
+        raw_name = _read_raw_attr(os.path.join(tdir, "name"))
+        types[-1]["resource_name"] = vgpu_resource_name(raw_name) if raw_name is not None else None
     return types
 
 

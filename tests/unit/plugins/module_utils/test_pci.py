@@ -394,6 +394,38 @@ def test_sandbox_resource_name_bad_id(device_id):
 def test_vgpu_resource_name():
     assert _pci.vgpu_resource_name("NVIDIA A10-12Q") == "nvidia.com/NVIDIA_A10-12Q"
     assert _pci.vgpu_resource_name("NVIDIA  A100-4C\n") == "nvidia.com/NVIDIA_A100-4C"
+    assert _pci.vgpu_resource_name(b"NVIDIA A10-12Q \n") == "nvidia.com/NVIDIA_A10-12Q_"
+    with pytest.raises(_pci.SelectorError) as info:
+        _pci.vgpu_resource_name(None)
+    assert info.value.msg == "an mdev type name must be text or bytes, not NoneType"
+
+
+def test_sandbox_resource_name_default_is_the_plugin_table():
+    # The plugin reads its own pci.ids, not the host's: None picks the deployed version's table.
+    assert _pci.sandbox_resource_name(None, "2330") == "nvidia.com/GH100_H100_SXM5_80GB"
+    assert _pci.sandbox_resource_name("10de  NVIDIA\n\t2330  GH100[H100 SXM5 80GB]\n", "2330") == (
+        "nvidia.com/GH100H100_SXM5_80GB")
+
+
+@pytest.mark.parametrize("raw, name, resource", [
+    (b"NVIDIA A10-12Q \n", "NVIDIA A10-12Q", "nvidia.com/NVIDIA_A10-12Q_"),
+    (b"NVIDIA\tA10-12Q\n", "NVIDIA\tA10-12Q", "nvidia.com/NVIDIA_A10-12Q"),
+    (b"NVIDIA\x0bA10-12Q\x0b\n", "NVIDIA\x0bA10-12Q", "nvidia.com/NVIDIA\x0bA10-12Q\x0b"),
+    (b"\tNVIDIA A10-12Q", "NVIDIA A10-12Q", "nvidia.com/_NVIDIA_A10-12Q"),
+])
+def test_mdev_type_resource_name_from_the_raw_name_file(host, root, raw, name, resource):
+    """The plugin names an mdev type from the raw name file (only newlines trimmed), not the stripped name."""
+    path = host.path(host.functions[st.A100_VFS[0]] + "/mdev_supported_types/nvidia-692/name")
+    with open(path, "wb") as handle:
+        handle.write(raw)
+    mtype = _pci.mdev_types(st.A100_VFS[0], root)[0]
+    assert (mtype["name"], mtype["resource_name"]) == (name, resource)
+
+
+def test_mdev_type_without_name_file_has_no_resource_name(host, root):
+    os.unlink(host.path(host.functions[st.A100_VFS[0]] + "/mdev_supported_types/nvidia-692/name"))
+    mtype = _pci.mdev_types(st.A100_VFS[0], root)[0]
+    assert (mtype["name"], mtype["resource_name"]) == (None, None)
 
 
 # --- holders -----------------------------------------------------------------------------------
