@@ -320,6 +320,17 @@ def vgpu_resource_name(raw_name, pci_ids=None):
     return RESOURCE_PREFIX + (name or key)
 
 
+def vgpu_profile_resource_name(profile_name):
+    """Resource name of a vendor-specific vGPU profile: ``nvidia.com/`` + the name, blank runs to ``_``.
+
+    ``profile_name`` as the plugin captures it from its ``creatable_vgpu_types`` line (trimmed of ASCII
+    white space): ``NVIDIA L40S-8Q`` gives ``nvidia.com/NVIDIA_L40S-8Q``. From the raw file, use
+    :func:`vendor_vgpu_resource_names`, which also trims as the plugin does.
+    """
+    data = _as_bytes(profile_name, "a vGPU profile name")
+    return RESOURCE_PREFIX + _as_text(_GO_SPACE_RUN_BYTES_RE.sub(b"_", data))
+
+
 def vendor_vgpu_resource_names(creatable_vgpu_types):
     """Return ``{type_id: resource_name}`` from a ``creatable_vgpu_types`` file (vendor-specific vGPU).
 
@@ -337,7 +348,7 @@ def vendor_vgpu_resource_names(creatable_vgpu_types):
             continue
         type_id = match.group(1).decode("ascii")
         if type_id not in result:
-            result[type_id] = RESOURCE_PREFIX + _as_text(_GO_SPACE_RUN_BYTES_RE.sub(b"_", match.group(2)))
+            result[type_id] = vgpu_profile_resource_name(match.group(2))
     return result
 
 

@@ -199,6 +199,7 @@ def test_bad_device_id(device_id):
     (pn.plugin_device_name, ("", 2330)),
     (pn.vgpu_resource_name, (None,)),
     (pn.vendor_vgpu_resource_names, (None,)),
+    (pn.vgpu_profile_resource_name, (None,)),
 ])
 def test_inputs_must_be_text_or_bytes(func, args):
     with pytest.raises(pn.PluginNameError) as info:
@@ -292,6 +293,8 @@ def test_vendor_vgpu_resource_names():
     assert pn.vendor_vgpu_resource_names("1 : a\u00a0\n2 : b\u00a0") == {"1": "nvidia.com/a\u00a0", "2": "nvidia.com/b"}
     assert pn.vendor_vgpu_resource_names("1 : a\vb\v\n2 : c\v") == {"1": "nvidia.com/a\vb\v", "2": "nvidia.com/c"}
     assert pn.vendor_vgpu_resource_names("x : a\n1 :\n") == {}
+    assert pn.vgpu_profile_resource_name("NVIDIA L40S-8Q") == "nvidia.com/NVIDIA_L40S-8Q"
+    assert pn.vgpu_profile_resource_name("NVIDIA \t L40S\v8Q") == "nvidia.com/NVIDIA_L40S\v8Q"
 
 
 # --- Go's own semantics -----------------------------------------------------------------------
