@@ -43,6 +43,13 @@ options:
     type: list
     elements: str
     default: ["10de"]
+  resource_names:
+    description: Resource names of passthrough GPUs by device ID (C(10de:2330) or C(2330)), overriding the naming
+      table of the sandbox device plugin version the GPU Operator deploys.
+    type: dict
+  plugin_pci_ids:
+    description: Path on the controller of the sandbox device plugin image's pci.ids, to name passthrough GPUs from.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -112,12 +119,24 @@ def _config_types(device_config, name):
     return types
 
 
-def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_vendor_ids=("10de",)):
+def _read_pci_ids(path):
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except (IOError, OSError) as exc:
+        raise AnsibleFilterError("cannot read the sandbox device plugin's pci.ids %s: %s" % (path, exc.strerror or exc))
+
+
+def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_vendor_ids=("10de",), resource_names=None,
+              plugin_pci_ids=None):
     if vgpu_device_config:
         if not isinstance(vgpu_device_config, dict) or not isinstance(vgpu_device_config.get("vgpu-configs"), dict):
             raise AnsibleFilterError("gpuops_vgpu_device_config must be a mapping with a vgpu-configs mapping "
                                      "(the vGPU Device Manager's config.yaml format)")
         vgpu_configs = list(vgpu_device_config["vgpu-configs"])
+    pci_ids_text = _read_pci_ids(plugin_pci_ids)
     entries, seen = [], {}
     for hv in hostvars_list or []:
         host = hv.get("inventory_hostname")
@@ -145,9 +164,9 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             entry["resources"] = ["nvidia.com/gpu"]
         else:
             try:
-                pci, mdev = desired_host_devices([entry], pci_vendor_ids)[:2]
-            except PlanError as exc:  # pragma: no cover - the workload type was checked above
-                raise AnsibleFilterError(exc.msg)
+                pci, mdev = desired_host_devices([entry], pci_vendor_ids, resource_names or None, pci_ids_text)[:2]
+            except PlanError as exc:
+                raise AnsibleFilterError("host %s: %s" % (host, exc.msg))
             entry["resources"] = sorted(set(e["resourceName"] for e in pci + mdev))
         entries.append(entry)
     return entries

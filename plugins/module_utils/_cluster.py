@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import parse_version
+from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names import (
+    PluginNameError,
+    passthrough_resource_name,
+    vgpu_profile_resource_name,
+    vgpu_resource_name,
+)
 
 WORKLOAD_TYPES = ("container", "vm-passthrough", "vm-vgpu", "dra")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -25,7 +30,6 @@ RESOURCE_PREFIX = "nvidia.com/"
 # Annotation on the KubeVirt CR listing the permittedHostDevices entries this collection added, so
 # it can later remove its own stale entries and never anybody else's.
 OWNED_ANNOTATION = "gpuops.sandbox/permitted-host-devices"
-_WHITESPACE_RE = re.compile(r"\s+")
 
 
 class PlanError(Exception):
@@ -137,23 +141,90 @@ def workload_labels(workload_type, vgpu_config_name=None, vgpu_configs=None):
 # KubeVirt permittedHostDevices and feature gates
 # ---------------------------------------------------------------------------------------------
 
-def _vgpu_resource_name(type_name):
-    return RESOURCE_PREFIX + _WHITESPACE_RE.sub("_", type_name.strip("\n"))
+def _type_selected(name, wanted, type_id=None):
+    """Whether a vGPU type (its name, its id) is one of ``wanted`` (None: every type).
 
-
-def _type_selected(name, wanted):
+    A wanted entry matches the type id (``mtty-1``, ``nvidia-593``), the name (``NVIDIA A10-4Q``) or the
+    name without the ``NVIDIA`` prefix (``A10-4Q``, as the vGPU Device Manager's config names types), like
+    the host half's vGPU plan does.
+    """
     if wanted is None:
         return True
-    return any(name == t or name == "NVIDIA " + t for t in wanted)
+    return any(t == name or "NVIDIA " + t == name or (type_id is not None and t == type_id) for t in wanted)
 
 
-def desired_host_devices(hosts, pci_vendor_ids=("10de",)):
+def _vendor_vgpu_catalogs(gpus):
+    """Vendor-specific vGPU type catalogs per physical GPU: ``{pf_address: {type_id: name}}``.
+
+    Type ids are unique only within one card, so the catalog of a VF is merged from every function of
+    its own card (the PF and all its VFs): a configured VF often lists no creatable type any more.
+    """
+    catalogs = {}
+    for gpu in gpus:
+        vgpu = gpu.get("vgpu") or {}
+        card = gpu.get("physfn") or gpu.get("address")
+        for vtype in vgpu.get("creatable_types") or []:
+            try:
+                type_id = int(vtype.get("id"))
+            except (TypeError, ValueError):
+                continue
+            if vtype.get("name"):
+                catalogs.setdefault(card, {}).setdefault(type_id, vtype["name"])
+    return catalogs
+
+
+def _vendor_vgpu_entries(name, gpus, wanted, vendors, notes):
+    """``pciHostDevices`` entries for NVIDIA vendor-specific vGPU VFs (no mdev bus).
+
+    The sandbox device plugin hands such a VF to a VM as a PCI device, named after the vGPU profile
+    configured on it (``current_vgpu_type`` resolved through its card's catalog). A configured VF gives an
+    entry for its profile (when the profile is wanted); a VF without a type yet gives an entry for each
+    wanted profile its card can create, since the host half configures it next.
+    """
+    catalogs = _vendor_vgpu_catalogs(gpus)
+    entries = []
+    for gpu in gpus:
+        vgpu = gpu.get("vgpu")
+        if not vgpu or not gpu.get("is_vf") or (gpu.get("vendor") or "").lower() not in vendors:
+            continue
+        catalog = catalogs.get(gpu.get("physfn") or gpu.get("address")) or {}
+        selector = "%s:%s" % (gpu["vendor"].upper(), gpu["device"].upper())
+        current = vgpu.get("current_type")
+        if current:
+            profile = catalog.get(current)
+            if profile is None:
+                notes.append("host %s: VF %s has vGPU type %s, which no function of its GPU lists; it is left out"
+                             % (name, gpu.get("address"), current))
+                continue
+            profiles = [profile] if _type_selected(profile, wanted) else []
+        elif wanted is not None:
+            profiles = [p for p in sorted(set(catalog.values())) if _type_selected(p, wanted)]
+        else:
+            profiles = []
+        for profile in profiles:
+            entries.append({"pciVendorSelector": selector, "resourceName": vgpu_profile_resource_name(profile),
+                            "externalResourceProvider": True})
+    return entries
+
+
+def _passthrough_name(device, resource_names, plugin_pci_ids):
+    try:
+        return passthrough_resource_name(device, overrides=resource_names, pci_ids=plugin_pci_ids)
+    except PluginNameError as exc:
+        raise PlanError(exc.msg)
+
+
+def desired_host_devices(hosts, pci_vendor_ids=("10de",), resource_names=None, plugin_pci_ids=None):
     """permittedHostDevices entries for the hosts' facts: ``(pci, mdev, needs_dra, needs_vgpu, notes)``.
 
     Each host is ``{name, workload_type, gpus, mdev_parents, vgpu_type_names}`` (gpus and
     mdev_parents as M(gpuops.sandbox.gpu_facts) returns them). vm-passthrough hosts contribute one
-    PCI entry per device ID of their GPUs, named as the sandbox device plugin names it; vm-vgpu hosts
-    one mediated entry per mdev type (only the types named in ``vgpu_type_names`` when it is given).
+    PCI entry per device ID of their GPUs, named as the sandbox device plugin version the GPU Operator
+    deploys names it (its own pci.ids, never the host's: see ``_plugin_names``), unless
+    ``resource_names`` (``{"10de:2330": "nvidia.com/..."}``) or ``plugin_pci_ids`` (the text of the
+    plugin image's pci.ids) say otherwise. vm-vgpu hosts contribute one mediated entry per mdev type
+    and one PCI entry per vendor-specific vGPU profile of their VFs (only the types named in
+    ``vgpu_type_names`` when it is given).
     """
     vendors = set(v.lower() for v in pci_vendor_ids)
     pci, mdev, notes = {}, {}, []
@@ -163,15 +234,16 @@ def desired_host_devices(hosts, pci_vendor_ids=("10de",)):
         wtype = host.get("workload_type")
         if wtype not in WORKLOAD_TYPES:
             raise PlanError("host %s: workload type %r is not one of %s" % (name, wtype, ", ".join(WORKLOAD_TYPES)))
+        gpus = host.get("gpus") or []
         if wtype == "dra":
             needs_dra = True
         elif wtype == "vm-passthrough":
             found = 0
-            for gpu in host.get("gpus") or []:
+            for gpu in gpus:
                 if (gpu.get("vendor") or "").lower() not in vendors or gpu.get("is_vf"):
                     continue
                 selector = "%s:%s" % (gpu["vendor"].upper(), gpu["device"].upper())
-                resource = gpu.get("sandbox_resource_name") or RESOURCE_PREFIX + gpu["device"].lower()
+                resource = _passthrough_name(gpu["device"], resource_names, plugin_pci_ids)
                 pci[(selector, resource)] = {"pciVendorSelector": selector, "resourceName": resource,
                                              "externalResourceProvider": True}
                 found += 1
@@ -181,21 +253,24 @@ def desired_host_devices(hosts, pci_vendor_ids=("10de",)):
             needs_vgpu = True
             wanted = host.get("vgpu_type_names")
             types = []
-            for gpu in host.get("gpus") or []:
+            for gpu in gpus:
                 types.extend(gpu.get("mdev_types") or [])
             for parent in host.get("mdev_parents") or []:
                 types.extend(parent.get("types") or [])
             found = 0
             for mtype in types:
                 tname = mtype.get("name")
-                if not tname or not _type_selected(tname, wanted):
+                if not tname or not _type_selected(tname, wanted, mtype.get("id")):
                     continue
-                resource = mtype.get("resource_name") or _vgpu_resource_name(tname)
+                resource = mtype.get("resource_name") or vgpu_resource_name(tname)
                 mdev[(tname, resource)] = {"mdevNameSelector": tname, "resourceName": resource,
                                            "externalResourceProvider": True}
                 found += 1
+            for entry in _vendor_vgpu_entries(name, gpus, wanted, vendors, notes):
+                pci[(entry["pciVendorSelector"], entry["resourceName"])] = entry
+                found += 1
             if not found:
-                notes.append("host %s (vm-vgpu) offers no mdev type%s" % (
+                notes.append("host %s (vm-vgpu) offers no vGPU type (mdev or vendor-specific)%s" % (
                     name, " named %s" % ", ".join(wanted) if wanted is not None else ""))
     pci_list = [pci[k] for k in sorted(pci)]
     mdev_list = [mdev[k] for k in sorted(mdev)]
@@ -248,12 +323,27 @@ def merge_entries(existing, desired, owned, selector_key, kind, prune=True):
     return new, added, removed, conflicts, now_owned
 
 
+# KubeVirt from v1.8 turns its own mdev handling off through this field; DisableMDEVConfiguration is deprecated.
+MDEV_FIELD_VERSION = (1, 8)
+
+
+def mdev_configuration_by_field(version):
+    """Whether KubeVirt ``version`` takes ``mediatedDevicesConfiguration.enabled`` (else the gate); unknown: no."""
+    parsed = parse_version(version)
+    return parsed is not None and parsed[:2] >= MDEV_FIELD_VERSION
+
+
 def needed_feature_gates(version, needs_devices, needs_vgpu, needs_dra, disable_mdev_configuration=True, extra=()):
-    """The feature gates KubeVirt ``version`` needs for what the hosts use; PlanError when it cannot."""
+    """The feature gates KubeVirt ``version`` needs for what the hosts use; PlanError when it cannot.
+
+    KubeVirt's own mdev handling is turned off with the DisableMDEVConfiguration gate only where the
+    version has no ``mediatedDevicesConfiguration.enabled`` field (before v1.8, or when the version is
+    unknown); see :func:`plan_kubevirt`.
+    """
     gates = []
     if needs_devices or needs_vgpu or needs_dra:
         gates.extend(["GPU", "HostDevices"])
-    if needs_vgpu and disable_mdev_configuration:
+    if needs_vgpu and disable_mdev_configuration and not mdev_configuration_by_field(version):
         gates.append("DisableMDEVConfiguration")
     if needs_dra:
         parsed = parse_version(version)
@@ -271,19 +361,32 @@ def needed_feature_gates(version, needs_devices, needs_vgpu, needs_dra, disable_
     return gates
 
 
+def _rename(entries, renames):
+    """Entries with their resourceName replaced where ``renames`` (old name -> new name) says so."""
+    if not renames:
+        return entries
+    return [dict(e, resourceName=renames.get(e["resourceName"], e["resourceName"])) for e in entries]
+
+
 def plan_kubevirt(cr, hosts, pci_vendor_ids=("10de",), kubevirt_version=None, disable_mdev_configuration=True,
-                  extra_feature_gates=(), prune=True):
+                  extra_feature_gates=(), prune=True, resource_names=None, plugin_pci_ids=None, renames=None):
     """The merge patch for the KubeVirt CR ``cr``; raises PlanError listing every conflict.
 
     Returns a dict with ``patch`` (None when nothing changes), ``before``/``after`` (the managed
     parts of the CR), ``added``, ``removed``, ``feature_gates_added``, ``version`` and ``notes``.
+    ``renames`` (resource name -> name the nodes really advertise, see :func:`advertised_names`)
+    replaces generated names. On KubeVirt v1.8 and later, vGPU hosts turn KubeVirt's own mdev handling
+    off through ``mediatedDevicesConfiguration.enabled: false`` instead of the deprecated gate; a value
+    somebody already set there is kept (and a ``true`` is reported in the notes).
     """
     metadata = cr.get("metadata") or {}
     configuration = (cr.get("spec") or {}).get("configuration") or {}
     phd = configuration.get("permittedHostDevices") or {}
     dev = configuration.get("developerConfiguration") or {}
+    mdev_conf = configuration.get("mediatedDevicesConfiguration") or {}
     version = kubevirt_version or (cr.get("status") or {}).get("observedKubeVirtVersion")
-    pci, mdev, needs_dra, needs_vgpu, notes = desired_host_devices(hosts, pci_vendor_ids)
+    pci, mdev, needs_dra, needs_vgpu, notes = desired_host_devices(hosts, pci_vendor_ids, resource_names, plugin_pci_ids)
+    pci, mdev = _rename(pci, renames), _rename(mdev, renames)
     try:
         owned = json.loads((metadata.get("annotations") or {}).get(OWNED_ANNOTATION) or "{}")
     except ValueError:
@@ -305,6 +408,14 @@ def plan_kubevirt(cr, hosts, pci_vendor_ids=("10de",), kubevirt_version=None, di
     if conflicts:
         raise PlanError("the KubeVirt CR %s/%s conflicts with what the GPU hosts need; resolve these, nothing was "
                         "changed: %s" % (metadata.get("namespace"), metadata.get("name"), "; ".join(conflicts)))
+    mdev_enabled_after = mdev_conf.get("enabled")
+    if needs_vgpu and disable_mdev_configuration and mdev_configuration_by_field(version):
+        if "enabled" not in mdev_conf:
+            mdev_enabled_after = False
+        elif mdev_conf.get("enabled") is not False:
+            notes.append("KubeVirt's own mdev handling is on (spec.configuration.mediatedDevicesConfiguration.enabled "
+                         "is %s, set by somebody else, kept): it may remove or recreate the vGPUs the vGPU Device "
+                         "Manager creates; set it to false" % json.dumps(mdev_conf.get("enabled")))
     current_gates = dev.get("featureGates") or []
     gates_added = [g for g in gates if g not in current_gates]
     new_owned = {"pciHostDevices": [list(x) for x in pci_owned], "mediatedDevices": [list(x) for x in mdev_owned]}
@@ -314,6 +425,9 @@ def plan_kubevirt(cr, hosts, pci_vendor_ids=("10de",), kubevirt_version=None, di
               "featureGates": current_gates}
     after = {"permittedHostDevices": {"pciHostDevices": new_pci, "mediatedDevices": new_mdev},
              "featureGates": current_gates + gates_added}
+    if "enabled" in mdev_conf or mdev_enabled_after is not None:
+        before["mediatedDevicesConfiguration"] = {"enabled": mdev_conf.get("enabled")}
+        after["mediatedDevicesConfiguration"] = {"enabled": mdev_enabled_after}
     patch = None
     if before != after or (metadata.get("annotations") or {}).get(OWNED_ANNOTATION) != owned_text:
         patch_phd = {"pciHostDevices": new_pci}
@@ -322,6 +436,9 @@ def plan_kubevirt(cr, hosts, pci_vendor_ids=("10de",), kubevirt_version=None, di
         patch_conf = {"permittedHostDevices": patch_phd}
         if gates_added:
             patch_conf["developerConfiguration"] = {"featureGates": current_gates + gates_added}
+        if mdev_enabled_after is not None and mdev_enabled_after != mdev_conf.get("enabled"):
+            # A merge patch of this one key keeps the rest of mediatedDevicesConfiguration.
+            patch_conf["mediatedDevicesConfiguration"] = {"enabled": mdev_enabled_after}
         # The lists are replaced whole: the resourceVersion makes the API server refuse the patch when
         # somebody changed the CR since it was read, instead of losing their change.
         patch = {"metadata": {"resourceVersion": metadata.get("resourceVersion"),
@@ -330,3 +447,69 @@ def plan_kubevirt(cr, hosts, pci_vendor_ids=("10de",), kubevirt_version=None, di
     return {"patch": patch, "before": before, "after": after, "added": pci_added + mdev_added,
             "removed": pci_removed + mdev_removed, "feature_gates_added": gates_added, "version": version,
             "notes": notes}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the nodes really advertise
+# ---------------------------------------------------------------------------------------------
+
+# Resources of the (container) NVIDIA device plugin, never of the sandbox device plugin.
+CONTAINER_RESOURCES = ("nvidia.com/gpu",)
+
+
+def _sandbox_resources(node):
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    return set(k for k in allocatable if k.startswith(RESOURCE_PREFIX) and k not in CONTAINER_RESOURCES
+               and not k.startswith(RESOURCE_PREFIX + "mig-"))
+
+
+def advertised_names(hosts, nodes, entries, pci_vendor_ids=("10de",), resource_names=None, plugin_pci_ids=None):
+    """Compare the permitted resource names with what the nodes advertise in ``status.allocatable``.
+
+    ``hosts`` as for :func:`desired_host_devices` (``name`` is the node name), ``nodes`` the cluster's
+    Node objects, ``entries`` every permittedHostDevices entry (after the change). Only nodes of VM
+    hosts whose sandbox device plugin advertises anything are judged: before the plugin runs nothing
+    is known. Returns ``{"checked_nodes", "unadvertised", "unpermitted", "renames", "notes"}``:
+    ``unadvertised`` are entries whose resourceName no node advertises; ``unpermitted`` the
+    ``(node, resource)`` pairs a node advertises that no entry permits; ``renames`` maps a generated
+    name to the one the node advertises where that is unambiguous (the host's only missing name and
+    the node's only unexplained one), for the caller to apply.
+    """
+    by_name = dict(((n.get("metadata") or {}).get("name"), n) for n in nodes)
+    advertised_anywhere = set()
+    for node in nodes:
+        advertised_anywhere |= _sandbox_resources(node)
+    permitted = set(e.get("resourceName") for e in entries)
+    checked, unpermitted, notes = [], [], []
+    renames, candidates = {}, {}
+    for host in hosts:
+        if host.get("workload_type") not in ("vm-passthrough", "vm-vgpu"):
+            continue
+        node = by_name.get(host.get("name"))
+        if node is None:
+            notes.append("node %s of a %s host does not exist (yet)" % (host.get("name"), host.get("workload_type")))
+            continue
+        offered = _sandbox_resources(node)
+        if not offered:
+            continue
+        checked.append(host["name"])
+        pci, mdev = desired_host_devices([host], pci_vendor_ids, resource_names, plugin_pci_ids)[:2]
+        wanted = set(e["resourceName"] for e in pci + mdev)
+        for resource in sorted(offered - permitted):
+            unpermitted.append({"node": host["name"], "resourceName": resource})
+        missing = wanted - offered
+        unexplained = offered - wanted
+        if len(missing) == 1 and len(unexplained) == 1:
+            candidates.setdefault(missing.pop(), set()).add(unexplained.pop())
+    for old, new in candidates.items():
+        if len(new) == 1:
+            renames[old] = new.pop()
+        else:
+            notes.append("nodes advertise different names (%s) where %s was expected; not renamed"
+                         % (", ".join(sorted(new)), old))
+    unadvertised = []
+    if checked:
+        unadvertised = [e for e in entries if (e.get("resourceName") or "").startswith(RESOURCE_PREFIX)
+                        and e.get("resourceName") not in advertised_anywhere]
+    return {"checked_nodes": checked, "unadvertised": unadvertised, "unpermitted": unpermitted,
+            "renames": renames, "notes": notes}

@@ -21,9 +21,19 @@ description:
   - Merges with the entries already in the CR and never drops an entry somebody else added. The
     entries this module added are recorded in the annotation C(gpuops.sandbox/permitted-host-devices)
     so that, with O(prune), the ones no host needs any more are removed.
-  - Adds the feature gates the KubeVirt version needs (C(GPU), C(HostDevices),
-    C(DisableMDEVConfiguration) for vGPU hosts, C(GPUsWithDRA) on v1.8.x for DRA hosts). It never
-    removes a feature gate.
+  - C(vm-vgpu) hosts whose GPUs use NVIDIA's vendor-specific vGPU (Ada, Hopper, Blackwell; SR-IOV VFs with
+    C(nvidia/current_vgpu_type), no mdev bus) give one C(pciHostDevices) entry per vGPU profile: the VF's
+    C(VVVV:DDDD) and C(nvidia.com/) plus the profile name with whitespace turned into C(_) (C(NVIDIA L40S-8Q)
+    gives C(nvidia.com/NVIDIA_L40S-8Q)), which is how the sandbox device plugin's vendor-specific vGPU
+    support names them.
+  - Passthrough resource names come from the pci.ids inside the sandbox device plugin image the GPU Operator
+    deploys (the collection carries the table of names it gives), never from the host's own pci.ids, which
+    names many GPUs otherwise; O(resource_names) and O(plugin_pci_ids) override it.
+  - Adds the feature gates the KubeVirt version needs (C(GPU), C(HostDevices), C(GPUsWithDRA) on v1.8.x for DRA
+    hosts). For vGPU hosts it turns KubeVirt's own mdev handling off: with
+    C(spec.configuration.mediatedDevicesConfiguration.enabled=false) on KubeVirt v1.8 and later, with the
+    deprecated C(DisableMDEVConfiguration) gate before (or when the version is unknown); a value somebody already
+    set in that field is kept. It never removes a feature gate.
   - A conflict (an existing entry with the same resource name and another selector, the same selector
     under another resource name, C(externalResourceProvider) not true, or a needed gate listed in
     C(disabledFeatureGates)) fails with every conflict named, and nothing is changed.
@@ -102,6 +112,32 @@ options:
       - Remove the entries this module added earlier that no host needs any more.
     type: bool
     default: true
+  resource_names:
+    description:
+      - Resource names of passthrough GPUs by device ID (C(10de:2330) or C(2330)), for a sandbox device
+        plugin that names them otherwise than the plugin version the GPU Operator deploys.
+      - Device IDs not listed here are named from O(plugin_pci_ids) when it is given, else from the
+        collection's naming table of that plugin version (see the README).
+    type: dict
+    default: {}
+  plugin_pci_ids:
+    description:
+      - Path, on the controller, of the C(pci.ids) file inside the sandbox device plugin image in use, to name
+        passthrough GPUs from it instead of the collection's naming table.
+    type: path
+  check_advertised:
+    description:
+      - Read the nodes' C(status.allocatable) and report (RV(advertised)) every entry naming a resource no node
+        advertises and every sandbox resource a node advertises that no entry permits. Nodes whose sandbox
+        device plugin advertises nothing yet are not judged.
+    type: bool
+    default: true
+  use_advertised_names:
+    description:
+      - Where a host's node advertises a name other than the generated one and the pairing is unambiguous (the
+        host's only missing name, the node's only unexplained one), use the advertised name in the CR.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - gpuops.sandbox.kube_auth
 attributes:
@@ -188,6 +224,29 @@ feature_gates_added:
   type: list
   elements: str
   sample: [GPU]
+advertised:
+  description:
+    - What the nodes advertise against the entries (with O(check_advertised)); empty lists when no node's
+      sandbox device plugin advertises anything yet.
+  returned: success
+  type: dict
+  contains:
+    checked_nodes:
+      description: Nodes of VM hosts whose sandbox device plugin advertises resources.
+      type: list
+      elements: str
+    unadvertised:
+      description: Entries (of the CR after the change) whose resource no node advertises.
+      type: list
+      elements: dict
+    unpermitted:
+      description: Sandbox resources a node advertises that no entry permits (C(node), C(resourceName)).
+      type: list
+      elements: dict
+    renamed:
+      description: Generated names replaced by the advertised ones (with O(use_advertised_names)).
+      type: dict
+  sample: {checked_nodes: [gpu-node-2], unadvertised: [], unpermitted: [], renamed: {}}
 notes:
   description: Hosts that contributed nothing although their workload type expects devices.
   returned: success
@@ -201,6 +260,8 @@ api_requests:
   sample: 2
 """
 
+import json
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
@@ -211,6 +272,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     WORKLOAD_TYPES,
     PlanError,
+    advertised_names,
     plan_kubevirt,
 )
 
@@ -234,6 +296,10 @@ def build_module():
             disable_mdev_configuration=dict(type="bool", default=True),
             feature_gates=dict(type="list", elements="str", default=[]),
             prune=dict(type="bool", default=True),
+            resource_names=dict(type="dict", default={}),
+            plugin_pci_ids=dict(type="path"),
+            check_advertised=dict(type="bool", default=True),
+            use_advertised_names=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -256,14 +322,53 @@ def find_cr(api, namespace, name):
     return items[0]
 
 
+def read_plugin_pci_ids(path):
+    """The text of the plugin image's pci.ids the user gave, or None."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except (IOError, OSError) as exc:
+        raise PlanError("cannot read plugin_pci_ids %s: %s; give the path of the pci.ids file of the sandbox device "
+                        "plugin image on the controller" % (path, exc.strerror or exc))
+
+
 def run(module, api):
     params = module.params
     cr = find_cr(api, params["namespace"], params["name"])
     meta = cr["metadata"]
-    plan = plan_kubevirt(cr, params["hosts"], pci_vendor_ids=params["pci_vendor_ids"],
-                         kubevirt_version=params["kubevirt_version"],
-                         disable_mdev_configuration=params["disable_mdev_configuration"],
-                         extra_feature_gates=params["feature_gates"], prune=params["prune"])
+    naming = dict(pci_vendor_ids=params["pci_vendor_ids"], resource_names=params["resource_names"],
+                  plugin_pci_ids=read_plugin_pci_ids(params["plugin_pci_ids"]))
+    options = dict(kubevirt_version=params["kubevirt_version"], disable_mdev_configuration=params["disable_mdev_configuration"],
+                   extra_feature_gates=params["feature_gates"], prune=params["prune"], **naming)
+    plan = plan_kubevirt(cr, params["hosts"], **options)
+    advertised = {"checked_nodes": [], "unadvertised": [], "unpermitted": [], "renames": {}, "notes": []}
+    if params["check_advertised"]:
+        nodes = api.list_nodes()
+
+        def entries(of_plan):
+            phd = of_plan["after"]["permittedHostDevices"]
+            return phd["pciHostDevices"] + phd["mediatedDevices"]
+
+        advertised = advertised_names(params["hosts"], nodes, entries(plan), **naming)
+        if params["use_advertised_names"] and advertised["renames"]:
+            renames = advertised["renames"]
+            plan = plan_kubevirt(cr, params["hosts"], renames=renames, **options)
+            advertised = advertised_names(params["hosts"], nodes, entries(plan), **naming)
+            advertised["renames"] = renames
+        elif advertised["renames"]:
+            advertised["notes"].append("the nodes advertise %s; use_advertised_names would use those names" % ", ".join(
+                "%s instead of %s" % (new, old) for old, new in sorted(advertised["renames"].items())))
+            advertised["renames"] = {}
+        for entry in advertised["unadvertised"]:
+            module.warn("permittedHostDevices entry %s names a resource no node advertises: KubeVirt will never offer "
+                        "it to a VM" % json.dumps(entry, sort_keys=True))
+        for item in advertised["unpermitted"]:
+            module.warn("node %s advertises %s, which no permittedHostDevices entry permits" % (
+                item["node"], item["resourceName"]))
+        for note in advertised["notes"]:
+            module.warn(note)
     result = dict(
         changed=plan["patch"] is not None,
         kubevirt=dict(namespace=meta.get("namespace"), name=meta["name"], version=plan["version"]),
@@ -271,6 +376,8 @@ def run(module, api):
         feature_gates=plan["after"]["featureGates"],
         added=plan["added"], removed=plan["removed"], feature_gates_added=plan["feature_gates_added"],
         notes=plan["notes"],
+        advertised=dict(checked_nodes=advertised["checked_nodes"], unadvertised=advertised["unadvertised"],
+                        unpermitted=advertised["unpermitted"], renamed=advertised["renames"]),
     )
     for note in plan["notes"]:
         module.warn(note)

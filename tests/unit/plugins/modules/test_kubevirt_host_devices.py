@@ -145,7 +145,7 @@ def test_unknown_workload_type_is_rejected_by_the_spec(monkeypatch):
     assert kind == "fail" and "workload_type" in result["msg"] and "vm" in result["msg"]
 
 
-def test_mdev_parents_and_fallback_names(monkeypatch):
+def test_mdev_parents_and_bare_device_ids(monkeypatch):
     hosts = [{"name": "lab", "workload_type": "vm-vgpu",
               "mdev_parents": [{"name": "mtty", "types": [{"name": "Single port serial"}, {"name": "Dual port serial"}]}],
               "vgpu_type_names": ["Single port serial"]},
@@ -176,3 +176,33 @@ def test_workload_labels():
         workload_labels("vm-vgpu", "A10-5Q", ["A10-4Q"])
     with pytest.raises(PlanError, match="'gpu' is not one of"):
         workload_labels("gpu")
+
+
+def test_advertised_names_are_reported_and_used_when_asked(monkeypatch, capsys):
+    hosts = [{"name": "p", "workload_type": "vm-passthrough", "gpus": [A10]}]
+    advertising = {"metadata": {"name": "p"}, "status": {"allocatable": {"nvidia.com/GA102GL_A10_24GB": "2"}}}
+    fake = FakeKube(nodes=[advertising], kubevirts=[kubevirt()])
+    kind, result = invoke(monkeypatch, fake, hosts=hosts)
+    assert kind == "exit" and result["advertised"]["checked_nodes"] == ["p"]
+    assert result["advertised"]["unadvertised"] == [PCI] and result["advertised"]["renamed"] == {}
+    assert "names a resource no node advertises" in capsys.readouterr().err
+    kind, result = invoke(monkeypatch, fake, hosts=hosts, use_advertised_names=True)
+    assert kind == "exit" and result["advertised"]["renamed"] == {"nvidia.com/GA102GL_A10": "nvidia.com/GA102GL_A10_24GB"}
+    assert result["advertised"]["unadvertised"] == []
+    assert fake.kubevirts[0]["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] == [
+        dict(PCI, resourceName="nvidia.com/GA102GL_A10_24GB")]
+    # The name the node advertises is kept on the next run, which changes nothing.
+    fake.patches = []
+    kind, result = invoke(monkeypatch, fake, hosts=hosts, use_advertised_names=True)
+    assert kind == "exit" and not result["changed"] and fake.patches == []
+
+
+def test_plugin_pci_ids_names_from_the_users_file(monkeypatch, tmp_path):
+    ids = tmp_path / "pci.ids"
+    ids.write_bytes(b"10de  NVIDIA Corporation\n\t2236  GA102GL [A10 new name]\n")
+    fake = FakeKube(kubevirts=[kubevirt()])
+    kind, result = invoke(monkeypatch, fake, hosts=[HOSTS[1]], plugin_pci_ids=str(ids))
+    assert kind == "exit"
+    assert result["permitted_host_devices"]["pciHostDevices"][0]["resourceName"] == "nvidia.com/GA102GL_A10_NEW_NAME"
+    kind, result = invoke(monkeypatch, fake, hosts=[HOSTS[1]], plugin_pci_ids=str(tmp_path / "missing"))
+    assert kind == "fail" and "cannot read plugin_pci_ids" in result["msg"] and "missing" in result["msg"]
