@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Write the sandbox device plugin's naming table into plugins/module_utils/_plugin_names.py.
 
 The NVIDIA sandbox device plugin names a passthrough GPU from the pci.ids file inside its own image.
