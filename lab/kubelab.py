@@ -15,7 +15,9 @@ cluster roles talk to. Nodes standing for the lab hosts are API objects written 
 * Certificates are generated per run with the openssl CLI: a CA, the serving certificate, an admin
   client (group system:masters), a client with no RBAC rights and a service-account signing key.
 
-Commands: build, start, stop, status, fixtures, nodes. Run with --help for details.
+Commands: build, start, stop, status, fixtures, nodes, env. Run with --help for details. Each state directory
+(GPUOPS_KUBE_STATE, default .lab/kube; the integration tests use .lab/kube-tests) holds one server on ports
+of its own, so several run at once.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ GO = os.environ.get("GPUOPS_KUBE_GO") or "go"
 ETCD = os.environ.get("GPUOPS_KUBE_ETCD") or "etcd"
 START_TIMEOUT = int(os.environ.get("GPUOPS_KUBE_START_TIMEOUT", "180"))
 BUILD_TIMEOUT = int(os.environ.get("GPUOPS_KUBE_BUILD_TIMEOUT", "5400"))
+# Health checks of a running server before it is called stale (see server_state()).
+READY_ATTEMPTS = 3
 FIXTURES = os.path.join(TOP, "tests", "fixtures")
 
 # Pinned releases. The staging modules (k8s.io/api, k8s.io/client-go, ...) follow as v0.<minor>.<patch>.
@@ -668,24 +672,37 @@ def etcd_healthy(port, timeout=3):
         return False
 
 
+def process_marker():
+    """What the command line of this state directory's etcd and kube-apiserver contains: the directory and a
+    separator, so the server of .lab/kube does not claim the processes of .lab/kube-tests."""
+    return os.path.join(STATE, "")
+
+
 def server_state(meta, check_ready=True):
     """running | stale (recorded but dead, unhealthy or with its port taken) | stopped (nothing recorded)."""
     if not meta:
         return "stopped"
-    marker = STATE
+    marker = process_marker()
     alive = [process_alive(meta.get("pids", {}).get(n), marker) for n in ("etcd", "kube-apiserver")]
     if not all(alive):
         return "stale"
-    if check_ready and not (etcd_healthy(meta["ports"]["etcd"]) and readyz(meta["server"])):
-        return "stale"
-    return "running"
+    if not check_ready:
+        return "running"
+    # Live processes that fail a health check once are not dead yet: on a loaded machine a check can time
+    # out. Retry a little before calling them stale (which makes `start` restart them).
+    for attempt in range(READY_ATTEMPTS):
+        if etcd_healthy(meta["ports"]["etcd"]) and readyz(meta["server"]):
+            return "running"
+        if attempt + 1 < READY_ATTEMPTS:
+            time.sleep(1)
+    return "stale"
 
 
 def stop_server(meta):
     problems = []
     for name in ("kube-apiserver", "etcd"):
         pid = (meta.get("pids") or {}).get(name)
-        if pid and not stop_pid(pid, STATE):
+        if pid and not stop_pid(pid, process_marker()):
             problems.append("%s (pid %s)" % (name, pid))
     if problems:
         raise KubeLabError("could not stop %s" % ", ".join(problems))
@@ -735,12 +752,37 @@ def start_server(manifest, etcd_ver):
     return meta
 
 
-def ensure_server():
-    """Reuse a healthy server; restart a stale one; start one when none runs. Return its metadata."""
+# What a server leaves in its state directory (all of it but the lock); nothing else there is touched.
+STATE_FILES = ("server.json", "kubeconfig", "kubeconfig-unauthorised", "etcd.log", "kube-apiserver.log")
+STATE_DIRS = ("etcd", "pki")
+
+
+def wipe_state():
+    """Remove a server's store, certificates, kubeconfigs and logs from the state directory."""
+    for name in STATE_DIRS:
+        shutil.rmtree(os.path.join(STATE, name), ignore_errors=True)
+    for name in STATE_FILES:
+        for path in (os.path.join(STATE, name), os.path.join(STATE, name + ".tmp")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def ensure_server(fresh=False):
+    """Reuse a healthy server; restart a stale one; start one when none runs. Return its metadata.
+
+    With `fresh`, a recorded server (running or not) is stopped and the state directory wiped first, so the
+    new server starts from an empty store whatever ran before (the integration tests' session server).
+    """
     manifest = ensure_binaries()
     etcd_ver = etcd_version()
     with locked(os.path.join(STATE, "server.lock")):
         meta = read_meta()
+        if fresh:
+            if meta:
+                log("stopping the API server recorded in %s for a fresh start" % STATE)
+                stop_server(meta)
+            wipe_state()
+            return start_server(manifest, etcd_ver), True
         state = server_state(meta)
         if state == "running" and meta.get("versions", {}).get("kubernetes") == manifest["kubernetes"]:
             if not os.path.exists(os.path.join(STATE, "kubeconfig-unauthorised")):
@@ -874,9 +916,9 @@ def cmd_build(args):
     log("binaries ready in %s (%.1fs): %s" % (bin_dir(), time.time() - started, versions))
 
 
-def cmd_start(_args):
+def cmd_start(args):
     started = time.time()
-    meta, fresh = ensure_server()
+    meta, fresh = ensure_server(fresh=args.fresh)
     if fresh:
         log("API server %s ready at %s in %.1fs (etcd %s)" % (
             meta["versions"]["kubernetes"], meta["server"], time.time() - started, meta["versions"]["etcd"]))
@@ -956,6 +998,8 @@ def main(argv=None):
     p.add_argument("--rebuild", action="store_true", help="rebuild even when valid binaries are cached")
     p.set_defaults(func=cmd_build)
     p = sub.add_parser("start", help="start etcd and kube-apiserver (a healthy running one is reused)")
+    p.add_argument("--fresh", action="store_true",
+                   help="stop a recorded server and wipe the state directory first: start from an empty store")
     p.set_defaults(func=cmd_start)
     p = sub.add_parser("stop", help="stop the API server and etcd")
     p.set_defaults(func=cmd_stop)

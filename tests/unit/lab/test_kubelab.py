@@ -234,6 +234,95 @@ def test_server_state_without_a_record_or_with_dead_processes(kubelab):
     assert kubelab.server_state(meta) == "stale"
 
 
+def sleeper(*args):
+    """A process whose command line carries `args`, once it has started (not still in execve)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"] + list(args))
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with open("/proc/%d/cmdline" % proc.pid, "rb") as handle:
+            if args[-1].encode() in handle.read():
+                break
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_state_directory_does_not_claim_the_processes_of_another_it_prefixes(kubelab, tmp_path):
+    """.lab/kube is a prefix of .lab/kube-tests: a stale record of the first must never stop the second's."""
+    other = sleeper("--data-dir", str(tmp_path / "state-tests" / "etcd"))
+    own = sleeper("--data-dir", str(tmp_path / "state" / "etcd"))
+    try:
+        meta = {"pids": {"etcd": other.pid, "kube-apiserver": other.pid}, "ports": {"etcd": 1}}
+        assert kubelab.server_state(meta) == "stale"
+        kubelab.stop_server(meta)
+        assert other.poll() is None, "stop_server killed another state directory's process"
+        kubelab.stop_server({"pids": {"etcd": own.pid}})
+        assert own.wait(timeout=10) is not None
+        assert kubelab.process_marker() == str(tmp_path / "state") + os.sep
+        assert not kubelab.process_alive(other.pid, kubelab.process_marker())
+    finally:
+        for proc in (other, own):
+            proc.kill()
+            proc.wait()
+
+
+def test_wipe_state_removes_a_servers_files_and_nothing_else(kubelab, tmp_path):
+    state = tmp_path / "state"
+    (state / "etcd" / "member").mkdir(parents=True)
+    (state / "pki").mkdir()
+    (state / "pki" / "ca.key").write_text("key")
+    for name in kubelab.STATE_FILES + ("server.lock", "notes.txt", "kubeconfig.tmp"):
+        (state / name).write_text("x")
+    kubelab.wipe_state()
+    assert sorted(os.listdir(state)) == ["notes.txt", "server.lock"]
+    kubelab.wipe_state()  # nothing left to remove is fine
+
+def test_wipe_state_of_a_directory_that_does_not_exist(kubelab, tmp_path, monkeypatch):
+    monkeypatch.setattr(kubelab, "STATE", str(tmp_path / "absent" / "state"))
+    kubelab.wipe_state()
+    assert not os.path.exists(tmp_path / "absent")
+
+
+def test_fresh_start_stops_the_recorded_server_and_starts_from_an_empty_state(kubelab, tmp_path, monkeypatch):
+    calls = []
+    recorded = {"pids": {"etcd": 1, "kube-apiserver": 2}, "server": "https://127.0.0.1:1", "ports": {"etcd": 1},
+                "versions": {"kubernetes": kubelab.KUBE_VERSION}}
+    state = tmp_path / "state"
+    (state / "etcd").mkdir(parents=True)
+    (state / "server.json").write_text(json.dumps(recorded))
+    (state / "kubeconfig-unauthorised").write_text("x")
+    monkeypatch.setattr(kubelab, "ensure_binaries", lambda: {"kubernetes": kubelab.KUBE_VERSION})
+    monkeypatch.setattr(kubelab, "etcd_version", lambda: "3.5.16")
+    monkeypatch.setattr(kubelab, "server_state", lambda meta: "running")
+    monkeypatch.setattr(kubelab, "stop_server", lambda meta: calls.append(("stop", meta)))
+
+    def start(manifest, etcd_ver):
+        calls.append(("start", sorted(os.listdir(state))))
+        return {"server": "https://127.0.0.1:2"}
+
+    monkeypatch.setattr(kubelab, "start_server", start)
+    # Without --fresh a running server is reused, as `make kube` and `make site` want.
+    assert kubelab.ensure_server() == (recorded, False) and calls == []
+    meta, fresh = kubelab.ensure_server(fresh=True)
+    assert fresh and meta == {"server": "https://127.0.0.1:2"}
+    assert calls == [("stop", recorded), ("start", ["server.lock"])]
+    # The wipe removed the record (the real start_server writes a new one): nothing to stop this time.
+    calls.clear()
+    kubelab.ensure_server(fresh=True)
+    assert calls == [("start", ["server.lock"])]
+
+
+def test_a_live_server_that_fails_one_health_check_is_still_running(kubelab, monkeypatch):
+    answers = [False, True]
+    monkeypatch.setattr(kubelab, "process_alive", lambda pid, marker: True)
+    monkeypatch.setattr(kubelab, "etcd_healthy", lambda port: answers.pop(0) if answers else False)
+    monkeypatch.setattr(kubelab, "readyz", lambda server: True)
+    monkeypatch.setattr(kubelab.time, "sleep", lambda seconds: None)
+    meta = {"pids": {"etcd": 1, "kube-apiserver": 2}, "ports": {"etcd": 1}, "server": "https://x"}
+    assert kubelab.server_state(meta) == "running"
+    # One that keeps failing is stale.
+    assert kubelab.server_state(meta) == "stale"
+
+
 def test_object_paths(kubelab):
     assert kubelab.object_path({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}, "status") \
         == "/api/v1/nodes/n1/status"
