@@ -12,6 +12,10 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 LAB := $(BIN)/python lab/gpulab.py
 KUBE := $(BIN)/python lab/kubelab.py
+# The integration tests' own API server (tests/integration/conftest.py), apart from the main job's .lab/kube.
+KUBE_TEST_STATE := $(or $(GPUOPS_KUBE_TEST_STATE),$(CURDIR)/.lab/kube-tests)
+# ...and those of test sessions that ran beside another one (KUBE_TEST_STATE-<pid>).
+KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 
 .PHONY: venv hostdeps lab lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site test \
 	checks lint sanity unit integration \
@@ -43,13 +47,15 @@ lab-reset: venv
 	$(LAB) reset
 
 # The cluster lab: etcd + kube-apiserver on loopback with the project's fixtures (a healthy one is reused).
+# kube-stop also stops the integration tests' server (left running by GPUOPS_KUBE_KEEP=1 or an interrupted run).
 kube-binaries: venv hostdeps
 	$(KUBE) build
 kube: kube-binaries
 	$(KUBE) start
 	$(KUBE) fixtures
 kube-stop: venv
-	$(KUBE) stop
+	rc=0; $(KUBE) stop || rc=1; \
+	for state in $(KUBE_TEST_STATES); do GPUOPS_KUBE_STATE=$$state $(KUBE) stop || rc=1; done; exit $$rc
 kube-status: venv
 	$(KUBE) status
 
@@ -75,8 +81,10 @@ sanity: venv
 unit: venv
 	pytest -q tests/unit
 
-integration: lab kube
-	pytest -q --durations=0 tests/integration
+# The tests start their own API server from an empty store (not the main job's: `make site` leaves its
+# labels, releases and KubeVirt settings there), so only the binaries are a prerequisite.
+integration: lab kube-binaries
+	GPUOPS_KUBE_TEST_STATE=$(KUBE_TEST_STATE) pytest -q --durations=0 tests/integration
 
 bench: venv hostdeps
 	$(BIN)/python scripts/bench.py
@@ -114,4 +122,5 @@ galaxy-import: venv
 clean:
 	-$(LAB) stop
 	-$(KUBE) stop
+	-for state in $(KUBE_TEST_STATES); do GPUOPS_KUBE_STATE=$$state $(KUBE) stop; done
 	rm -rf .build .lab tests/output

@@ -1,8 +1,10 @@
 """Shared helpers for the integration tests: they run the real lab, playbooks and molecule."""
 
+import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -168,6 +170,44 @@ def reboots(text):
 
 KUBELAB = [sys.executable, os.path.join(TOP, "lab", "kubelab.py")]
 
+# The tests' own API server, in a state directory of their own (GPUOPS_KUBE_TEST_STATE, default
+# .lab/kube-tests; `make kube-stop` stops it too), never the main job's (.lab/kube, or whatever
+# GPUOPS_KUBE_STATE names in the caller's environment): `make site` before `make test` leaves nothing the
+# tests can see, and the tests leave nothing in the main job's server. A session holds session.lock in that
+# directory until it ends; a second session of the same checkout running at the same time takes
+# KUBE_TEST_STATE-<pid> instead, so neither stops or wipes the other's server.
+# GPUOPS_KUBE_STATE is set here, before any subprocess starts, so every kubelab and ansible process of the
+# session inherits it (`kubelab status`, `env`, ...).
+MAIN_KUBE_STATE = os.environ.get("GPUOPS_KUBE_STATE") or os.path.join(TOP, ".lab", "kube")
+KUBE_TEST_STATE_BASE = os.path.abspath(os.environ.get("GPUOPS_KUBE_TEST_STATE")
+                                       or os.path.join(TOP, ".lab", "kube-tests"))
+SESSION_LOCK = "session.lock"
+
+
+def try_lock(directory):
+    """An open file holding the exclusive session lock of `directory`, or None when a live session has it."""
+    os.makedirs(directory, exist_ok=True)
+    handle = open(os.path.join(directory, SESSION_LOCK), "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def claim_kube_state():
+    """(state directory, its lock): the base directory when no other session holds it, else base-<pid>."""
+    for directory in (KUBE_TEST_STATE_BASE, "%s-%d" % (KUBE_TEST_STATE_BASE, os.getpid())):
+        handle = try_lock(directory)
+        if handle is not None:
+            return directory, handle
+    raise RuntimeError("cannot lock a state directory for the tests' API server in %s" % KUBE_TEST_STATE_BASE)
+
+
+KUBE_TEST_STATE, _KUBE_SESSION_LOCK = claim_kube_state()
+os.environ["GPUOPS_KUBE_STATE"] = KUBE_TEST_STATE
+
 
 def kubelab(*args, **kwargs):
     """Run lab/kubelab.py with the given arguments (env= overrides, e.g. GPUOPS_KUBE_STATE)."""
@@ -179,20 +219,45 @@ def kubelab_status(env=None):
     return json.loads(kubelab("status", "--json", check=True, env=env, timeout=120).stdout)
 
 
+def sweep_session_states():
+    """Stop the servers of per-session state directories (base-<pid>) whose session is gone; remove them."""
+    parent, name = os.path.split(KUBE_TEST_STATE_BASE)
+    for entry in sorted(os.listdir(parent)):
+        directory = os.path.join(parent, entry)
+        if not re.fullmatch(re.escape(name) + r"-\d+", entry) or directory == KUBE_TEST_STATE:
+            continue
+        handle = try_lock(directory)
+        if handle is None:
+            continue  # a session that still runs
+        try:
+            kubelab("stop", check=True, timeout=120, env={"GPUOPS_KUBE_STATE": directory})
+            shutil.rmtree(directory)
+        finally:
+            handle.close()
+
+
 @pytest.fixture(scope="session")
 def kube_api():
-    """The cluster lab's API server with the project's fixtures, for the whole session.
+    """The tests' own API server with the project's fixtures, fresh for the whole session.
 
-    Builds the binaries (cached in .cache/kube), starts etcd and kube-apiserver (a healthy one started
-    by `make kube` is reused) and applies the fixture CRDs, objects and lab Nodes. Yields a dict:
-    server, kubeconfig (admin), kubeconfig_unauthorised (no RBAC rights), bin_dir (kube-apiserver,
-    kubectl, helm), versions, pids, ports. Stops the server at the end unless GPUOPS_KUBE_KEEP=1.
+    Builds the binaries (cached in .cache/kube), then starts etcd and kube-apiserver in KUBE_TEST_STATE from
+    an empty store: a server left there by an earlier session (GPUOPS_KUBE_KEEP=1, an interrupted run) is
+    stopped and its state wiped first, so no test sees what ran before the session. Applies the fixture
+    CRDs, objects and lab Nodes. Yields a dict: server, kubeconfig (admin), kubeconfig_unauthorised (no RBAC
+    rights), bin_dir (kube-apiserver, kubectl, helm), versions, pids, ports, state_dir, start_seconds.
+    Stops the server at the end unless GPUOPS_KUBE_KEEP=1.
     """
+    assert os.path.realpath(KUBE_TEST_STATE_BASE) != os.path.realpath(MAIN_KUBE_STATE), \
+        "GPUOPS_KUBE_TEST_STATE names the main job's state directory; the tests would wipe its server"
     kubelab("build", check=True)
-    kubelab("start", check=True, timeout=600)
+    sweep_session_states()
+    kubelab("start", "--fresh", check=True, timeout=600)
     kubelab("fixtures", check=True, timeout=600)
     status = kubelab_status()
     assert status["state"] == "running", status
+    assert status["state_dir"] == KUBE_TEST_STATE, status
     yield status
     if os.environ.get("GPUOPS_KUBE_KEEP") != "1":
         kubelab("stop", check=True, timeout=120)
+        if KUBE_TEST_STATE != KUBE_TEST_STATE_BASE:
+            shutil.rmtree(KUBE_TEST_STATE, ignore_errors=True)
