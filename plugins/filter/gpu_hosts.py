@@ -38,6 +38,12 @@ options:
         the cluster's ConfigMap); null skips the check.
     type: list
     elements: str
+  vgpu_config_default:
+    description:
+      - The config the vGPU Device Manager applies to a vm-vgpu node without C(nvidia.com/vgpu.config) (the GPU
+        Operator's C(vgpuDeviceManager.config.default)); empty means C(default). A vm-vgpu host without
+        C(gpuops_vgpu_config_name) fails when the known configs do not include it.
+    type: str
   pci_vendor_ids:
     description: Vendor IDs of the passthrough GPUs, for RV(_value[].resources).
     type: list
@@ -104,7 +110,12 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import PlanError, desired_host_devices, workload_labels
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
+    VGPU_DEFAULT_CONFIG,
+    PlanError,
+    desired_host_devices,
+    workload_labels,
+)
 
 
 def _config_types(device_config, name):
@@ -130,7 +141,7 @@ def _read_pci_ids(path):
 
 
 def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_vendor_ids=("10de",), resource_names=None,
-              plugin_pci_ids=None):
+              plugin_pci_ids=None, vgpu_config_default=None):
     if vgpu_device_config:
         if not isinstance(vgpu_device_config, dict) or not isinstance(vgpu_device_config.get("vgpu-configs"), dict):
             raise AnsibleFilterError("gpuops_vgpu_device_config must be a mapping with a vgpu-configs mapping "
@@ -147,14 +158,15 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             raise AnsibleFilterError("hosts %s and %s have the same node name %s; set gpuops_node_name" % (seen[name], host, name))
         seen[name] = host
         try:
-            labels = workload_labels(wtype, config_name, vgpu_configs)
+            labels = workload_labels(wtype, config_name, vgpu_configs, vgpu_config_default)
         except PlanError as exc:
             raise AnsibleFilterError("host %s: %s" % (host, exc.msg))
         taints = hv.get("gpuops_node_taints")
         entry = {
             "host": host, "name": name, "workload_type": wtype,
             "vgpu_config_name": config_name if wtype == "vm-vgpu" else None,
-            "vgpu_type_names": _config_types(vgpu_device_config, config_name) if wtype == "vm-vgpu" else None,
+            "vgpu_type_names": _config_types(vgpu_device_config, config_name or vgpu_config_default or VGPU_DEFAULT_CONFIG)
+            if wtype == "vm-vgpu" else None,
             "labels": labels,
             "taints": None if taints is None else list(taints),
             "gpus": list(hv.get("gpuops_gpus") or []),

@@ -48,10 +48,30 @@ def _taint_id(taint):
     return (taint.get("key"), taint.get("value") or "", taint.get("effect"))
 
 
+# Annotation on a node recording the labels this collection set there and their values, so it later
+# removes only its own labels (never the GPU Operator's nvidia.com/gpu.deploy.*=true or a user's).
+OWNED_LABELS_ANNOTATION = "gpuops.sandbox/labels"
+
+
+def owned_labels(node):
+    """The ``{key: value}`` this collection recorded on ``node`` (an unreadable record counts as empty)."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(OWNED_LABELS_ANNOTATION)
+    try:
+        owned = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(owned, dict):
+        return {}
+    return dict((k, v) for k, v in owned.items() if isinstance(k, str) and isinstance(v, str))
+
+
 def plan_node(node, labels, taints=None, taint_key_prefixes=()):
     """Work out the merge patch that gives ``node`` the wanted labels and taints.
 
-    ``labels`` maps keys to a value, or to ``None`` for a label that must not be there. ``taints``
+    ``labels`` maps keys to a value, or to ``None`` for a label that must not be there. A label this
+    collection set in an earlier run (recorded in the node's ``gpuops.sandbox/labels`` annotation) that
+    is no longer wanted is removed only while it still has the value recorded: a value somebody else
+    set (the GPU Operator's ``true`` on a deploy label, a user's choice) is theirs and stays. ``taints``
     (None: leave taints alone) is the full list of taints wanted among the managed ones: a taint is
     managed when its key starts with one of ``taint_key_prefixes`` or it has the key of a wanted
     taint; the node's other taints are kept as they are. Returns ``(patch, before, after)``; ``patch``
@@ -59,6 +79,7 @@ def plan_node(node, labels, taints=None, taint_key_prefixes=()):
     """
     metadata = node.get("metadata") or {}
     current = metadata.get("labels") or {}
+    recorded = owned_labels(node)
     label_patch = {}
     for key, value in labels.items():
         if value is None:
@@ -66,28 +87,36 @@ def plan_node(node, labels, taints=None, taint_key_prefixes=()):
                 label_patch[key] = None
         elif current.get(key) != value:
             label_patch[key] = value
-    before = {"labels": dict((k, current.get(k)) for k in sorted(labels))}
-    after = {"labels": dict((k, labels[k]) for k in sorted(labels))}
+    released = sorted(k for k, v in recorded.items() if k not in labels and current.get(k) == v)
+    for key in released:
+        label_patch[key] = None
+    managed = sorted(set(labels) | set(released))
+    before = {"labels": dict((k, current.get(k)) for k in managed)}
+    after = {"labels": dict((k, labels.get(k)) for k in managed)}
+    record = dict((k, v) for k, v in labels.items() if v is not None)
+    record_text = json.dumps(record, sort_keys=True, separators=(",", ":")) if record else None
     patch = {}
     if label_patch:
         patch["metadata"] = {"labels": label_patch}
+    if record != recorded or (record_text or None) != ((metadata.get("annotations") or {}).get(OWNED_LABELS_ANNOTATION) or None):
+        patch.setdefault("metadata", {})["annotations"] = {OWNED_LABELS_ANNOTATION: record_text}
     if taints is not None:
         present = (node.get("spec") or {}).get("taints") or []
         wanted_keys = set(t["key"] for t in taints)
 
-        def managed(taint):
+        def is_managed(taint):
             key = taint.get("key") or ""
             return key in wanted_keys or any(key.startswith(p) for p in taint_key_prefixes)
 
-        kept = [t for t in present if not managed(t)]
+        kept = [t for t in present if not is_managed(t)]
         # A wanted taint already on the node is kept as it is (with its timeAdded).
-        present_by_id = dict((_taint_id(t), t) for t in present if managed(t))
+        present_by_id = dict((_taint_id(t), t) for t in present if is_managed(t))
         wanted = []
         for taint in taints:
             entry = dict((k, v) for k, v in taint.items() if v is not None)
             wanted.append(present_by_id.get(_taint_id(entry), entry))
         new = kept + wanted
-        before["taints"] = sorted([_taint_id(t) for t in present if managed(t)], key=str)
+        before["taints"] = sorted([_taint_id(t) for t in present if is_managed(t)], key=str)
         after["taints"] = sorted([_taint_id(t) for t in wanted], key=str)
         if sorted(_taint_id(t) for t in new) != sorted(_taint_id(t) for t in present):
             patch.setdefault("spec", {})["taints"] = new
@@ -99,9 +128,14 @@ def plan_node(node, labels, taints=None, taint_key_prefixes=()):
 def inverse_patch(node, patch):
     """The merge patch that undoes ``patch`` on the node as it was before (for rollback)."""
     undo = {}
-    current = (node.get("metadata") or {}).get("labels") or {}
+    metadata = node.get("metadata") or {}
+    current = metadata.get("labels") or {}
     if (patch.get("metadata") or {}).get("labels"):
         undo["metadata"] = {"labels": dict((k, current.get(k)) for k in patch["metadata"]["labels"])}
+    if "annotations" in (patch.get("metadata") or {}):
+        annotations = metadata.get("annotations") or {}
+        undo.setdefault("metadata", {})["annotations"] = dict(
+            (k, annotations.get(k)) for k in patch["metadata"]["annotations"])
     if "taints" in (patch.get("spec") or {}):
         undo["spec"] = {"taints": (node.get("spec") or {}).get("taints") or []}
     return undo
@@ -111,18 +145,30 @@ def inverse_patch(node, patch):
 # Labels of a GPU node from its workload type
 # ---------------------------------------------------------------------------------------------
 
-# Operands the GPU Operator must not run on a DRA node (label nvidia.com/gpu.deploy.<operand>=false):
-# the DRA driver advertises the GPUs and binds them to vfio-pci itself.
-DRA_DISABLED_OPERANDS = ("device-plugin", "sandbox-device-plugin", "vfio-manager")
+# Operands the GPU Operator must not run on a DRA node (label nvidia.com/gpu.deploy.<operand>=false). A DRA
+# node carries the workload label container, so the operator's container operands are its candidates; it
+# honours a deploy label that already has a value. The DRA driver advertises the GPUs and binds them to
+# vfio-pci itself, so the device plugin must not run (the DRA chart refuses to share a node with it); the
+# operator validator's plugin check waits for nvidia.com/gpu, which never comes without the device plugin,
+# so it goes too, and with it gpu-feature-discovery and dcgm-exporter, which wait for the validator's
+# toolkit-ready file; DCGM holds /dev/nvidia* and blocks the DRA driver's switch between nvidia and
+# vfio-pci (the DRA guide: DCGM before 4.5.0). The driver and the container toolkit stay.
+DRA_DISABLED_OPERANDS = ("device-plugin", "operator-validator", "gpu-feature-discovery", "dcgm", "dcgm-exporter")
 WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
 VGPU_CONFIG_LABEL = "nvidia.com/vgpu.config"
+# The config the vGPU Device Manager applies to a node without nvidia.com/vgpu.config (the chart's
+# vgpuDeviceManager.config.default).
+VGPU_DEFAULT_CONFIG = "default"
 
 
-def workload_labels(workload_type, vgpu_config_name=None, vgpu_configs=None):
+def workload_labels(workload_type, vgpu_config_name=None, vgpu_configs=None, vgpu_config_default=None):
     """The collection's labels of a GPU node (``None`` values: labels to remove).
 
     ``vgpu_configs`` (when not None) are the config names the vGPU Device Manager knows; a vm-vgpu
-    node's ``vgpu_config_name`` must be one of them.
+    node's ``vgpu_config_name`` must be one of them, and a vm-vgpu node without one is refused unless the
+    config the manager falls back to (``vgpu_config_default``, else ``default``) is among them. Deploy
+    labels are only ever set to ``false`` (on DRA nodes); the operator's own ``true`` values are never
+    asked for or removed here (see :func:`plan_node` for how labels set earlier are released).
     """
     if workload_type not in WORKLOAD_TYPES:
         raise PlanError("workload type %r is not one of %s" % (workload_type, ", ".join(WORKLOAD_TYPES)))
@@ -132,8 +178,15 @@ def workload_labels(workload_type, vgpu_config_name=None, vgpu_configs=None):
             raise PlanError("vGPU config %r is not in the vGPU Device Manager's configuration (it has: %s)"
                             % (vgpu_config_name, ", ".join(sorted(vgpu_configs)) or "none"))
         labels[VGPU_CONFIG_LABEL] = vgpu_config_name
-    for operand in DRA_DISABLED_OPERANDS:
-        labels["nvidia.com/gpu.deploy.%s" % operand] = "false" if workload_type == "dra" else None
+    elif workload_type == "vm-vgpu" and vgpu_configs is not None:
+        fallback = vgpu_config_default or VGPU_DEFAULT_CONFIG
+        if fallback not in vgpu_configs:
+            raise PlanError("a vm-vgpu node needs a vGPU config name (gpuops_vgpu_config_name): without one the vGPU "
+                            "Device Manager applies the config %r, which its configuration does not have (it has: %s)"
+                            % (fallback, ", ".join(sorted(vgpu_configs)) or "none"))
+    if workload_type == "dra":
+        for operand in DRA_DISABLED_OPERANDS:
+            labels["nvidia.com/gpu.deploy.%s" % operand] = "false"
     return labels
 
 

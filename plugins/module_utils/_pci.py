@@ -551,8 +551,8 @@ def describe_function(address, root="/", pci_ids_db=None):
     ``sysfs_path``, ``numa_node`` (None when unknown; the kernel's -1 is kept), ``boot_vga``,
     ``iommu_group``, ``iommu_group_members``, ``viable``, ``blockers``, ``sriov_totalvfs``,
     ``sriov_numvfs``, ``physfn``, ``virtfns``, ``is_vf``, ``mdev_types``, ``vgpu``,
-    ``sandbox_resource_name`` (NVIDIA functions only: the name the sandbox device plugin would
-    derive from this host's pci.ids).
+    ``sandbox_resource_name`` (NVIDIA functions only: the name the sandbox device plugin version the
+    GPU Operator deploys advertises, from the pci.ids in its image, not this host's).
     """
     devdir = pci_device_dir(address, root)
     info = read_identity(address, root)
@@ -576,7 +576,8 @@ def describe_function(address, root="/", pci_ids_db=None):
     info["vgpu"] = vgpu_info(address, root)
     info["sandbox_resource_name"] = None
     if info["vendor"] == NVIDIA_VENDOR_ID and info["device"] and _HEX4_RE.match(info["device"]):
-        info["sandbox_resource_name"] = sandbox_resource_name(pci_ids_db_text(pci_ids_db), info["device"])
+        # The plugin names GPUs from the pci.ids in its own image, never the host's: the table of names it gives.
+        info["sandbox_resource_name"] = sandbox_resource_name(None, info["device"])
     return info
 
 

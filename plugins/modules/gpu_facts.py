@@ -262,7 +262,8 @@ ansible_facts:
             current_type: 0
         sandbox_resource_name:
           description: Resource name the NVIDIA sandbox device plugin would advertise for this device when
-            bound to vfio-pci, computed from the host's pci.ids; null for non-NVIDIA functions.
+            bound to vfio-pci, from the pci.ids inside the plugin image the GPU Operator deploys (the collection's
+            naming table), not the host's pci.ids, which names many GPUs otherwise; null for non-NVIDIA functions.
           type: str
           sample: nvidia.com/GA102GL_A10
     gpuops_iommu:

@@ -17,6 +17,10 @@ description:
     at a time. Nodes that already match cost no request.
   - A label given with a null value is removed when present, so a node that changes workload type
     loses the labels of its old type.
+  - The labels this module sets are recorded on the node (annotation C(gpuops.sandbox/labels), label and
+    value). A recorded label no longer named in O(nodes[].labels) is removed, but only while it still
+    has the recorded value: a label whose value somebody else changed (the GPU Operator's
+    C(nvidia.com/gpu.deploy.*=true), a user's choice), and any label this module never set, stays.
   - Every input is checked, and every named node must exist, before the first patch; a failed patch
     rolls back the nodes already patched in this run.
 author:
@@ -37,7 +41,8 @@ options:
         description:
           - Labels to set, as key and value; a null value removes the label.
           - Booleans and integers become their lower-case string form (C(false), C(3)).
-          - Labels not named here are left alone.
+          - Labels not named here are left alone, except those this module set in an earlier run that still
+            carry the value it set (see the description).
         type: dict
         default: {}
       taints:

@@ -307,7 +307,8 @@ def test_describe_without_pci_ids(root):
     info = _pci.describe_function(st.A10, root)
     assert info["device_name"] is None
     assert info["vendor_name"] is None
-    assert info["sandbox_resource_name"] == "nvidia.com/2236"
+    # The sandbox device plugin names GPUs from its own pci.ids: the host having none changes nothing.
+    assert info["sandbox_resource_name"] == "nvidia.com/GA102GL_A10"
 
 
 # --- pci.ids ---------------------------------------------------------------------------------------

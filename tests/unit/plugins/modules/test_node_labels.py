@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import OWNED_LABELS_ANNOTATION as OWNED
 from ansible_collections.gpuops.sandbox.plugins.modules import node_labels
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import FakeKube
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
@@ -15,8 +18,11 @@ WL = "nvidia.com/gpu.workload.config"
 VG = "nvidia.com/vgpu.config"
 
 
-def node(name, labels=None, taints=None):
-    return {"metadata": {"name": name, "labels": dict(labels or {})}, "spec": {"taints": list(taints or [])}}
+def node(name, labels=None, taints=None, owned=None):
+    meta = {"name": name, "labels": dict(labels or {})}
+    if owned is not None:
+        meta["annotations"] = {OWNED: json.dumps(owned, sort_keys=True, separators=(",", ":"))}
+    return {"metadata": meta, "spec": {"taints": list(taints or [])}}
 
 
 def invoke(monkeypatch, fake, nodes, **extra):
@@ -125,9 +131,40 @@ def test_node_given_twice(monkeypatch):
 
 
 def test_many_nodes_one_list_request_and_patches_only_for_differences(monkeypatch):
-    nodes = [node("n%04d" % i, {WL: "container"} if i % 2 else {}) for i in range(1000)]
+    nodes = [node("n%04d" % i, {WL: "container"}, owned={WL: "container"}) if i % 2 else node("n%04d" % i)
+             for i in range(1000)]
     fake = FakeKube(nodes)
     kind, result = invoke(monkeypatch, fake, [{"name": "n%04d" % i, "labels": {WL: "container"}} for i in range(1000)])
     assert kind == "exit" and len(result["changed_nodes"]) == 500
     # one list, one access review, 500 patches
     assert result["api_requests"] == 502
+
+
+def test_only_labels_this_module_set_are_released(monkeypatch):
+    """A label set in an earlier run and no longer wanted goes, but only while it has the value set then."""
+    deploy, validator = "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.operator-validator"
+    fake = FakeKube([node("a", {WL: "vm-passthrough", "nvidia.com/gpu.deploy.vfio-manager": "true"})])
+    kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "container", deploy: "false", validator: "false"}}])
+    assert kind == "exit" and result["changed"]
+    assert json.loads(fake.nodes["a"]["metadata"]["annotations"][OWNED]) == {WL: "container", deploy: "false", validator: "false"}
+    # Somebody (the operator, a user) changes one of them; the node then leaves DRA: only the label still
+    # carrying the value this module set is removed, the operator's own vfio-manager=true was never touched.
+    fake.nodes["a"]["metadata"]["labels"][validator] = "true"
+    kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "vm-passthrough"}}], _ansible_diff=True)
+    assert kind == "exit" and result["changed"]
+    assert fake.nodes["a"]["metadata"]["labels"] == {WL: "vm-passthrough", validator: "true",
+                                                     "nvidia.com/gpu.deploy.vfio-manager": "true"}
+    assert result["diff"]["after"]["a"]["labels"] == {WL: "vm-passthrough", deploy: None}
+    assert json.loads(fake.nodes["a"]["metadata"]["annotations"][OWNED]) == {WL: "vm-passthrough"}
+    fake.patches = []
+    kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "vm-passthrough"}}])
+    assert kind == "exit" and not result["changed"] and fake.patches == []
+
+
+def test_a_broken_record_releases_nothing(monkeypatch):
+    broken = node("a", {WL: "container", "x.example/y": "1"})
+    broken["metadata"]["annotations"] = {OWNED: "not json"}
+    fake = FakeKube([broken])
+    kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "container"}}])
+    assert kind == "exit" and fake.nodes["a"]["metadata"]["labels"] == {WL: "container", "x.example/y": "1"}
+    assert json.loads(fake.nodes["a"]["metadata"]["annotations"][OWNED]) == {WL: "container"}
