@@ -276,6 +276,7 @@ def test_wipe_state_removes_a_servers_files_and_nothing_else(kubelab, tmp_path):
     assert sorted(os.listdir(state)) == ["notes.txt", "server.lock"]
     kubelab.wipe_state()  # nothing left to remove is fine
 
+
 def test_wipe_state_of_a_directory_that_does_not_exist(kubelab, tmp_path, monkeypatch):
     monkeypatch.setattr(kubelab, "STATE", str(tmp_path / "absent" / "state"))
     kubelab.wipe_state()
