@@ -22,15 +22,15 @@ description:
     entries this module added are recorded in the annotation C(gpuops.sandbox/permitted-host-devices)
     so that, with O(prune), the ones no host needs any more are removed.
   - C(vm-vgpu) hosts whose GPUs use NVIDIA's vendor-specific vGPU (Ada, Hopper, Blackwell; SR-IOV VFs with
-    C(nvidia/current_vgpu_type), no mdev bus) give one C(pciHostDevices) entry per vGPU profile: the VF's
+    C(nvidia/current_vgpu_type), no mdev bus) give one C(pciHostDevices) entry per vGPU profile, with the VF's
     C(VVVV:DDDD) and C(nvidia.com/) plus the profile name with whitespace turned into C(_) (C(NVIDIA L40S-8Q)
     gives C(nvidia.com/NVIDIA_L40S-8Q)), which is how the sandbox device plugin's vendor-specific vGPU
     support names them.
   - Passthrough resource names come from the pci.ids inside the sandbox device plugin image the GPU Operator
     deploys (the collection carries the table of names it gives), never from the host's own pci.ids, which
-    names many GPUs otherwise; O(resource_names) and O(plugin_pci_ids) override it.
+    names many GPUs otherwise. O(resource_names) and O(plugin_pci_ids) override it.
   - Adds the feature gates the KubeVirt version needs (C(GPU), C(HostDevices), C(GPUsWithDRA) on v1.8.x for DRA
-    hosts). For vGPU hosts it turns KubeVirt's own mdev handling off: with
+    hosts). For vGPU hosts it turns KubeVirt's own mdev handling off, with
     C(spec.configuration.mediatedDevicesConfiguration.enabled=false) on KubeVirt v1.8 and later, with the
     deprecated C(DisableMDEVConfiguration) gate before (or when the version is unknown); a value somebody already
     set in that field is kept. It never removes a feature gate.

@@ -19,7 +19,7 @@ description:
     loses the labels of its old type.
   - The labels this module sets are recorded on the node (annotation C(gpuops.sandbox/labels), label and
     value). A recorded label no longer named in O(nodes[].labels) is removed, but only while it still
-    has the recorded value: a label whose value somebody else changed (the GPU Operator's
+    has the recorded value. A label whose value somebody else changed (the GPU Operator's
     C(nvidia.com/gpu.deploy.*=true), a user's choice), and any label this module never set, stays.
   - Every input is checked, and every named node must exist, before the first patch; a failed patch
     rolls back the nodes already patched in this run.
