@@ -209,7 +209,10 @@ def test_cluster_half_labels_installs_and_permits(kube_api, helm_repo, tmp_path)
         {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/GA102GL_A10", "externalResourceProvider": True}]
     assert spec["permittedHostDevices"]["mediatedDevices"] == [
         {"mdevNameSelector": "NVIDIA A10-12Q", "resourceName": "nvidia.com/NVIDIA_A10-12Q", "externalResourceProvider": True}]
-    assert spec["developerConfiguration"]["featureGates"] == ["GPU", "HostDevices", "DisableMDEVConfiguration"]
+    # The fixture's KubeVirt reports v1.8.0: KubeVirt's own mdev handling goes off through the field that
+    # replaces the deprecated DisableMDEVConfiguration gate.
+    assert spec["developerConfiguration"]["featureGates"] == ["GPU", "HostDevices"]
+    assert spec["mediatedDevicesConfiguration"]["enabled"] is False
 
     # Second run: nothing to change anywhere.
     before = snapshot(kube_api)
@@ -308,8 +311,11 @@ def test_dra_host_gets_driver_claims_gate_and_no_device_plugin(kube_api, helm_re
     assert proc.returncode == 0, proc.stdout[-6000:]
     labels = kget(kube_api, "node", "lab-container")["metadata"]["labels"]
     assert labels[WL] == "container"
-    assert labels["nvidia.com/gpu.deploy.device-plugin"] == "false"
-    assert labels["nvidia.com/gpu.deploy.vfio-manager"] == "false"
+    # The operands a DRA node must not run are off; the sandbox ones are not the container workload's, so the
+    # operator never deploys them there (and deletes any deploy label of them): the collection sets none.
+    for operand in ("device-plugin", "operator-validator", "gpu-feature-discovery", "dcgm", "dcgm-exporter"):
+        assert labels["nvidia.com/gpu.deploy.%s" % operand] == "false", operand
+    assert "nvidia.com/gpu.deploy.vfio-manager" not in labels and "nvidia.com/gpu.deploy.sandbox-device-plugin" not in labels
     values = received_values(kube_api, "dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu")
     assert values["nvidiaDriverRoot"] == "/"
     assert values["featureGates"] == {"PassthroughSupport": True, "DeviceMetadata": True}
@@ -325,6 +331,16 @@ def test_dra_host_gets_driver_claims_gate_and_no_device_plugin(kube_api, helm_re
     gates = kget(kube_api, "kubevirt", "kubevirt", "-n", "kubevirt")["spec"]["configuration"]["developerConfiguration"]["featureGates"]
     assert "GPUsWithDRA" in gates  # the fixture's KubeVirt reports v1.8.0
     test_every_helm_value_the_collection_sets_exists_upstream(kube_api, helm_repo)
+
+    # Second run with the DRA host: the unchanged ResourceClaimTemplate (its spec is immutable) and everything
+    # else are left as they are.
+    before = snapshot(kube_api)
+    proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, hosts=hosts, name="inv-again",
+                                         extra_all={"dra_driver_driver_install": "host",
+                                                    "dra_driver_claim_templates": [{"name": "vfio-gpu", "namespace": "default"}]}))
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert recap(proc.stdout)["changed"] == 0, proc.stdout[-6000:]
+    assert snapshot(kube_api) == before
 
     # Back to container: the DRA labels go.
     proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, name="inv-back"))
@@ -361,6 +377,67 @@ def test_validate_waits_for_labels_and_resources_then_tries_a_vm(kube_api, helm_
         for node, names in operands.items():
             kubectl(kube_api, "label", "node", node, *["nvidia.com/gpu.deploy.%s-" % n for n in names],
                     *(["nvidia.com/vgpu.config.state-"] if node == "lab-vgpu" else []))
+
+
+def test_rerun_keeps_the_operators_deploy_labels(kube_api, helm_repo, tmp_path):
+    """The GPU Operator labels each node with its operands (deploy.<operand>=true) and does not put a label
+    back once it is gone: a re-run of the cluster half must leave them all as they are."""
+    operator_labels = {"lab-container": ["driver", "container-toolkit", "device-plugin", "operator-validator"],
+                       "lab-passthrough": ["vfio-manager", "sandbox-device-plugin", "sandbox-validator"],
+                       "lab-vgpu": ["vgpu-manager", "vgpu-device-manager", "sandbox-device-plugin", "sandbox-validator"]}
+    inv = inventory(tmp_path, kube_api, helm_repo)
+    proc = playbook(helm_repo, inv)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    for node, operands in operator_labels.items():
+        kubectl(kube_api, "label", "node", node, "--overwrite", *["nvidia.com/gpu.deploy.%s=true" % o for o in operands])
+    try:
+        proc = playbook(helm_repo, inv)
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert recap(proc.stdout)["changed"] == 0, proc.stdout[-6000:]
+        for node, operands in operator_labels.items():
+            labels = kget(kube_api, "node", node)["metadata"]["labels"]
+            for operand in operands:
+                assert labels.get("nvidia.com/gpu.deploy.%s" % operand) == "true", (node, operand)
+    finally:
+        for node, operands in operator_labels.items():
+            kubectl(kube_api, "label", "node", node, *["nvidia.com/gpu.deploy.%s-" % o for o in operands])
+
+
+def test_entries_are_checked_against_what_the_nodes_advertise(kube_api, helm_repo, tmp_path):
+    """Once the sandbox device plugin runs, a name no node advertises is reported, and replaced when asked."""
+    later = "nvidia.com/GA102GL_A10_LATER"
+    allocatable = kget(kube_api, "node", "lab-passthrough")["status"]["allocatable"]
+
+    def advertise(patch):
+        kubectl(kube_api, "patch", "node", "lab-passthrough", "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": {"allocatable": patch}}))
+
+    def pci_entries():
+        spec = kget(kube_api, "kubevirt", "kubevirt", "-n", "kubevirt")["spec"]["configuration"]
+        return [e["resourceName"] for e in spec["permittedHostDevices"]["pciHostDevices"]]
+
+    advertise({"nvidia.com/GA102GL_A10": None, later: "1"})
+    try:
+        proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo))
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        flat = " ".join(proc.stdout.split())
+        assert '"resourceName": "nvidia.com/GA102GL_A10"} names a resource no node advertises' in flat, flat[-4000:]
+        assert "node lab-passthrough advertises %s, which no permittedHostDevices entry permits" % later in flat
+        assert "nvidia.com/GA102GL_A10" in pci_entries() and later not in pci_entries()
+
+        inv = inventory(tmp_path, kube_api, helm_repo, name="inv-advertised",
+                        extra_all={"kubevirt_devices_use_advertised_names": True})
+        proc = playbook(helm_repo, inv)
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert later in pci_entries() and "nvidia.com/GA102GL_A10" not in pci_entries()
+        assert "names a resource no node advertises" not in " ".join(proc.stdout.split())
+        proc = playbook(helm_repo, inv)
+        assert proc.returncode == 0 and recap(proc.stdout)["changed"] == 0, proc.stdout[-6000:]
+    finally:
+        advertise({later: None, "nvidia.com/GA102GL_A10": allocatable.get("nvidia.com/GA102GL_A10", "1")})
+        proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, name="inv-restored"))
+        assert proc.returncode == 0, proc.stdout[-6000:]
+    assert "nvidia.com/GA102GL_A10" in pci_entries() and later not in pci_entries()
 
 
 def test_skipped_without_kubeconfig(kube_api, helm_repo, tmp_path):

@@ -5,10 +5,18 @@ the hosts were prepared before (molecule scenarios through prepare_hosts.yml, th
 cluster half then labels the lab's Node objects on the real API server.
 """
 
+import json
 import os
 import re
 
 from conftest import lab, run
+
+
+def offered_vgpu_types(host):
+    """The type names of the mdevs a lab host really has, as the sandbox device plugin reads them."""
+    out = lab("ssh", host, "--", "for d in /sys/bus/mdev/devices/*/mdev_type; do echo \"TYPE<$(cat $d/name)>\"; done",
+              check=True).stdout
+    return sorted(set(re.findall(r"^TYPE<(.+)>$", out, re.M)))
 
 
 def test_site_is_a_noop_on_prepared_hosts(settled_lab, kube_api):
@@ -34,6 +42,20 @@ def test_site_is_a_noop_on_prepared_hosts(settled_lab, kube_api):
         label = run(kubectl + ["get", "node", host, "-o",
                                "jsonpath={.metadata.labels.nvidia\\.com/gpu\\.workload\\.config}"], check=True)
         assert label.stdout.strip() == wanted, (host, label.stdout)
+    # The KubeVirt CR permits what the lab's hosts really offer: the passthrough stand-in GPU (1234:11e8, which
+    # the sandbox device plugin would name by its bare device ID) and every vGPU type lab-vgpu has mdevs of.
+    phd = json.loads(run(kubectl + ["get", "kubevirt", "kubevirt", "-n", "kubevirt", "-o",
+                                    "jsonpath={.spec.configuration.permittedHostDevices}"], check=True).stdout)
+    assert {"pciVendorSelector": "1234:11E8", "resourceName": "nvidia.com/11e8",
+            "externalResourceProvider": True} in phd["pciHostDevices"], phd
+    types = offered_vgpu_types("lab-vgpu")
+    assert types, "lab-vgpu has no mdev"
+    for name in types:
+        entry = {"mdevNameSelector": name, "resourceName": "nvidia.com/" + re.sub(r"[\t\n\f\r ]+", "_", name),
+                 "externalResourceProvider": True}
+        assert entry in phd.get("mediatedDevices", []), (entry, phd)
+    summary = re.search(r"KubeVirt (\d+) PCI \+ (\d+) mediated entries", out)
+    assert summary and int(summary.group(2)) >= len(types), out[-3000:]
 
 
 # The lone edu device behind a root port (its own IOMMU group) and the audio function beside the first edu.
