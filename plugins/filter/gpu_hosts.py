@@ -101,6 +101,12 @@ _value:
       description: The host's C(gpuops_mdev_parents) fact (empty when not gathered).
       type: list
       elements: dict
+    os_tag:
+      description:
+        - The OS part the GPU Operator appends to the vGPU Manager image tag for this node (C(ID) and C(VERSION_ID)
+          of os-release, the major version only for C(rhel), C(rocky) and C(ol)), from C(gpuops_host); null when the
+          host's facts were not gathered.
+      type: str
     resources:
       description: Resource names the node should advertise in C(status.allocatable) (C(nvidia.com/gpu) on
         container nodes, the sandbox device plugin's names on VM nodes, none on DRA nodes).
@@ -114,6 +120,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     VGPU_DEFAULT_CONFIG,
     PlanError,
     desired_host_devices,
+    operator_os_tag,
     workload_labels,
 )
 
@@ -162,6 +169,7 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
         except PlanError as exc:
             raise AnsibleFilterError("host %s: %s" % (host, exc.msg))
         taints = hv.get("gpuops_node_taints")
+        os_release = (hv.get("gpuops_host") or {}).get("os") or {}
         entry = {
             "host": host, "name": name, "workload_type": wtype,
             "vgpu_config_name": config_name if wtype == "vm-vgpu" else None,
@@ -171,6 +179,7 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             "taints": None if taints is None else list(taints),
             "gpus": list(hv.get("gpuops_gpus") or []),
             "mdev_parents": list(hv.get("gpuops_mdev_parents") or []),
+            "os_tag": operator_os_tag(os_release.get("id"), os_release.get("version_id")),
         }
         if wtype == "container":
             entry["resources"] = ["nvidia.com/gpu"]

@@ -191,6 +191,51 @@ def workload_labels(workload_type, vgpu_config_name=None, vgpu_configs=None, vgp
 
 
 # ---------------------------------------------------------------------------------------------
+# The vGPU Manager image and the nodes' OS
+# ---------------------------------------------------------------------------------------------
+
+# Distributions whose image tag the GPU Operator builds from the major version only.
+_MAJOR_ONLY = ("ol", "rocky", "rhel")
+
+
+def operator_os_tag(os_id, version_id):
+    """``<ID><VERSION_ID>`` as the GPU Operator builds it from a node's NFD os-release labels, or None."""
+    if not os_id or not version_id:
+        return None
+    version = version_id.split(".")[0] if os_id in _MAJOR_ONLY else version_id
+    return "%s%s" % (os_id, version)
+
+
+def vgpu_manager_os_problems(entries, built_os_tags):
+    """What keeps the vGPU Manager image from fitting the vm-vgpu nodes; empty when it fits.
+
+    ``entries`` as :func:`gpu_hosts` returns them, ``built_os_tags`` the OS tags the image was built for
+    (``vgpu_manager_image_os_tag``). The operator runs one vgpu-manager DaemonSet whose image tag is the
+    driver version plus ``-<ID><VERSION_ID>`` of one GPU node it lists, so every vm-vgpu node needs that
+    tag to exist, and GPU nodes of several OSes make the tag depend on which node the operator reads.
+    """
+    vgpu = [e for e in entries if e.get("workload_type") == "vm-vgpu"]
+    if not vgpu or not built_os_tags:
+        return []
+    problems = []
+    built = sorted(set(built_os_tags))
+    for entry in vgpu:
+        if entry.get("os_tag") and entry["os_tag"] not in built:
+            problems.append("host %s (vm-vgpu) runs %s, but the vGPU Manager image is built for %s only: the GPU Operator "
+                            "would pull a tag ending in -%s, which does not exist; build the image for %s "
+                            "(vgpu_manager_image_os_tag)" % (entry["host"], entry["os_tag"], ", ".join(built),
+                                                             entry["os_tag"], entry["os_tag"]))
+    tags = sorted(set(e["os_tag"] for e in entries if e.get("os_tag")))
+    if len(tags) > 1:
+        problems.append("the GPU nodes run several OSes (%s): the GPU Operator takes the OS of one GPU node for every "
+                        "node's vgpu-manager image tag, so the vm-vgpu nodes may get an image of another OS; run the GPU "
+                        "nodes on one OS release" % ", ".join("%s: %s" % (t, ", ".join(sorted(
+                            e["host"] for e in entries if e.get("os_tag") == t))) for t in tags))
+    return problems
+
+
+
+# ---------------------------------------------------------------------------------------------
 # KubeVirt permittedHostDevices and feature gates
 # ---------------------------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     PlanError,
     advertised_names,
     desired_host_devices,
+    operator_os_tag,
     plan_kubevirt,
+    vgpu_manager_os_problems,
 )
 
 # What gpu_facts reports on a host with Debian 12's pci.ids: its sandbox_resource_name facts are wrong
@@ -151,3 +153,24 @@ def test_advertised_names_ambiguous_pairs_are_not_renamed():
     nodes = [node("p", {"nvidia.com/A": "8"}), node("r", {"nvidia.com/B": "8"})]
     report = advertised_names(hosts, nodes, entries)
     assert report["renames"] == {} and "not renamed" in report["notes"][0]
+
+
+def test_operator_os_tag_as_the_operator_builds_it():
+    assert operator_os_tag("ubuntu", "22.04") == "ubuntu22.04"
+    assert operator_os_tag("rhel", "9.4") == "rhel9" and operator_os_tag("rocky", "8.10") == "rocky8"
+    assert operator_os_tag("debian", "12") == "debian12" and operator_os_tag(None, "12") is None
+
+
+def test_vgpu_manager_image_must_fit_the_vgpu_nodes_os():
+    entries = [{"host": "v1", "workload_type": "vm-vgpu", "os_tag": "ubuntu22.04"},
+               {"host": "c1", "workload_type": "container", "os_tag": "ubuntu22.04"}]
+    assert vgpu_manager_os_problems(entries, ["ubuntu22.04"]) == []
+    assert vgpu_manager_os_problems(entries, []) == []
+    problems = vgpu_manager_os_problems(entries, ["ubuntu24.04"])
+    assert len(problems) == 1 and "host v1 (vm-vgpu) runs ubuntu22.04" in problems[0] and "ubuntu24.04 only" in problems[0]
+    mixed = entries + [{"host": "c2", "workload_type": "container", "os_tag": "rhel9"}]
+    problems = vgpu_manager_os_problems(mixed, ["ubuntu22.04"])
+    assert len(problems) == 1 and "several OSes (rhel9: c2, ubuntu22.04: c1, v1)" in problems[0]
+    # No vm-vgpu host, or no facts: nothing to judge.
+    assert vgpu_manager_os_problems(entries[1:] + mixed[2:], ["ubuntu24.04"]) == []
+    assert vgpu_manager_os_problems([{"host": "v1", "workload_type": "vm-vgpu", "os_tag": None}], ["x"]) == []
