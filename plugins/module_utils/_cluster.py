@@ -234,7 +234,6 @@ def vgpu_manager_os_problems(entries, built_os_tags):
     return problems
 
 
-
 # ---------------------------------------------------------------------------------------------
 # KubeVirt permittedHostDevices and feature gates
 # ---------------------------------------------------------------------------------------------
