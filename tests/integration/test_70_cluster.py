@@ -254,7 +254,8 @@ def test_every_helm_value_the_collection_sets_exists_upstream(kube_api, helm_rep
         assert missing == [], "%s values not in the upstream chart: %s" % (chart, missing)
 
 
-@pytest.mark.parametrize("case", ["workload_type", "vgpu_config", "no_kubevirt", "conflict", "unreachable", "unauthorised"])
+@pytest.mark.parametrize("case", ["workload_type", "vgpu_config", "no_vgpu_config", "os_tag", "no_kubevirt", "conflict",
+                                  "unreachable", "unauthorised"])
 def test_bad_input_fails_clearly_and_changes_nothing(kube_api, helm_repo, tmp_path, case):
     # Each bad run would also change something if it got that far: lab-vgpu's vGPU config (its node
     # label and the KubeVirt CR's mediated devices).
@@ -267,6 +268,14 @@ def test_bad_input_fails_clearly_and_changes_nothing(kube_api, helm_repo, tmp_pa
     elif case == "vgpu_config":
         hosts["lab-vgpu"] = {"gpuops_vgpu_config_name": "A10-5Q"}
         expect = "vGPU config 'A10-5Q' is not in the vGPU Device Manager's configuration (it has: A10-12Q, A10-4Q)"
+    elif case == "no_vgpu_config":
+        hosts["lab-vgpu"] = {"gpuops_vgpu_config_name": ""}
+        expect = ("a vm-vgpu node needs a vGPU config name (gpuops_vgpu_config_name): without one the vGPU Device "
+                  "Manager applies the config 'default', which its configuration does not have (it has: A10-12Q, A10-4Q)")
+    elif case == "os_tag":
+        hosts["lab-vgpu"]["gpuops_host"] = {"os": {"id": "ubuntu", "version_id": "22.04"}}
+        extra["vgpu_manager_image_built_os_tags"] = ["ubuntu24.04"]
+        expect = "host lab-vgpu (vm-vgpu) runs ubuntu22.04, but the vGPU Manager image is built for ubuntu24.04 only"
     elif case == "no_kubevirt":
         extra["kubevirt_devices_namespace"] = "no-kubevirt-here"
         expect = "there is no KubeVirt CR in namespace no-kubevirt-here: KubeVirt is not installed"
