@@ -1,0 +1,410 @@
+"""The cluster half (playbooks/cluster.yml) with the real upstream charts, against the cluster lab's API server.
+
+The GPU Operator and DRA driver charts are the real ones from ../shared/upstream/ beside the checkout (see
+its README), installed by path with the real helm. A clone without that folder runs the same plays with the
+project's stand-in charts (tests/fixtures/charts) and skips only the checks of what the real charts render.
+The lab's API server has no kubelet and no controllers: nothing the charts install ever runs, so nothing may
+wait for readiness.
+
+What is checked:
+- a play with a vm-passthrough, a vm-vgpu and a dra host installs both charts; the objects the real charts
+  render carry what the collection set (ClusterPolicy, DeviceClasses, the kubelet plugin's node selector)
+  and every value the collection sets exists in the real chart's values.yaml;
+- the next run changes nothing (PLAY RECAP changed=0 on every host), the ResourceClaimTemplate included;
+- a changed template (count 2) is reported in check mode without changing anything, then replaced (deleted
+  and created again) by a real run, which says so; a claim made from the old template is untouched;
+- values a chart refuses stop the play in its preflight with the chart's own message, before anything
+  changes (node labels, KubeVirt CR, Helm releases, claim templates read back before and after).
+
+The module leaves the server as it found it: releases uninstalled, claim templates and the CRDs the charts
+added deleted, node labels and the KubeVirt CR restored (the namespaces stay: without the lab's missing
+namespace controller a deleted namespace would hang in Terminating).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import TOP, run
+
+UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
+REAL_CHARTS = {"gpu-operator": os.path.join(UPSTREAM, "gpu-operator", "chart"),
+               "dra-driver-nvidia-gpu": os.path.join(UPSTREAM, "dra-driver-nvidia-gpu", "chart")}
+STAND_IN_CHARTS = {name: os.path.join(TOP, "tests", "fixtures", "charts", name) for name in REAL_CHARTS}
+HAVE_UPSTREAM = all(os.path.isdir(path) for path in REAL_CHARTS.values())
+CHARTS = REAL_CHARTS if HAVE_UPSTREAM else STAND_IN_CHARTS
+
+NODES = {"lab-container": "dra", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu"}
+RELEASES = (("gpu-operator", "gpu-operator"), ("dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu"))
+CLAIM = {"name": "gpuops-test-vfio-gpu", "namespace": "default"}
+CLAIM_MADE = "gpuops-test-claim-from-template"
+RCT = "resourceclaimtemplates.v1.resource.k8s.io"
+A10 = {"address": "0000:65:00.0", "vendor": "10de", "device": "2236", "class": "030200", "driver": "vfio-pci",
+       "is_vf": False, "sandbox_resource_name": "nvidia.com/GA102GL_A10", "mdev_types": [], "vgpu": None}
+A10_VGPU = dict(A10, driver="nvidia", mdev_types=[
+    {"id": "nvidia-593", "name": "NVIDIA A10-4Q", "available_instances": 6, "resource_name": "nvidia.com/NVIDIA_A10-4Q"},
+    {"id": "nvidia-595", "name": "NVIDIA A10-12Q", "available_instances": 2, "resource_name": "nvidia.com/NVIDIA_A10-12Q"}])
+VGPU_CONFIG = {"version": "v1", "vgpu-configs": {
+    "A10-4Q": [{"devices": "all", "vgpu-devices": {"A10-4Q": 6}}],
+    "A10-12Q": [{"devices": "all", "vgpu-devices": {"A10-12Q": 2}}]}}
+VGPU_MANAGER = {"enabled": True, "repository": "registry.example/nvidia", "image": "vgpu-manager", "version": "550.90.05"}
+PULL_SECRET = ("vgpu-manager-registry", "registry.example", "robot", "not-a-real-password-72")
+DEVICE_PLUGIN_OFF = {"nvidia.com/gpu.deploy.device-plugin": "false"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers (the few test_70 has too, kept here so the two modules stay independent)
+# ---------------------------------------------------------------------------------------------
+
+def kubectl(api, *args, check=True, stdin=None):
+    proc = subprocess.run([os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", api["kubeconfig"]] + list(args),
+                          text=True, capture_output=True, timeout=120, check=False, input=stdin)
+    if check and proc.returncode:
+        raise AssertionError("kubectl %s: %s" % (" ".join(args), proc.stderr))
+    return proc
+
+
+def kget(api, *args):
+    return json.loads(kubectl(api, "get", *args, "-o", "json").stdout)
+
+
+def kfind(api, *args):
+    """The object, or None when it does not exist."""
+    proc = kubectl(api, "get", *args, "-o", "json", "--ignore-not-found")
+    return json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+def helm(api, env, *args, check=True):
+    proc = subprocess.run([os.path.join(api["bin_dir"], "helm"), "--kubeconfig", api["kubeconfig"]] + list(args),
+                          text=True, capture_output=True, timeout=300, check=False, env=env)
+    if check and proc.returncode:
+        raise AssertionError("helm %s: %s" % (" ".join(args), proc.stderr))
+    return proc
+
+
+def claim_state(api):
+    template = kfind(api, RCT, CLAIM["name"], "-n", CLAIM["namespace"])
+    return template and (template["metadata"]["uid"], template["metadata"]["resourceVersion"])
+
+
+def snapshot(api):
+    """What the cluster half may change: node labels and taints, the KubeVirt CR, Helm releases, the claim template."""
+    nodes = {n: kget(api, "node", n) for n in NODES}
+    kubevirt = kget(api, "kubevirt", "kubevirt", "-n", "kubevirt")
+    releases = kubectl(api, "get", "secrets", "-A", "-l", "owner=helm", "-o", "name").stdout.split()
+    return {"nodes": {n: (o["metadata"].get("labels"), o["spec"].get("taints")) for n, o in nodes.items()},
+            "kubevirt": (kubevirt["metadata"]["resourceVersion"], kubevirt["spec"]),
+            "releases": sorted(releases), "claim": claim_state(api)}
+
+
+def recaps(output):
+    found = {host: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, counts))) for host, *counts in re.findall(
+        r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)}
+    assert "localhost" in found, output[-3000:]
+    return found
+
+
+def flat(output):
+    return " ".join(output.split())
+
+
+def inventory(tmp_path, api, charts, name="inv", hosts=None, extra=None, claim_count=None):
+    """The three GPU hosts (dra, vm-passthrough, vm-vgpu) with the facts gpu_facts would give for an A10."""
+    host_vars = {}
+    for host, wtype in NODES.items():
+        entry = {"ansible_connection": "local", "gpuops_workload_type": wtype,
+                 "gpuops_gpus": [A10_VGPU if wtype == "vm-vgpu" else A10], "gpuops_mdev_parents": []}
+        if wtype == "vm-vgpu":
+            entry["gpuops_vgpu_config_name"] = "A10-12Q"
+        entry.update((hosts or {}).get(host, {}))
+        host_vars[host] = entry
+    python = os.path.join(TOP, ".venv", "bin", "python")
+    claim = dict(CLAIM, **({"count": claim_count} if claim_count else {}))
+    all_vars = {
+        "gpuops_kubeconfig": api["kubeconfig"],
+        "gpuops_vgpu_device_config": VGPU_CONFIG,
+        "vgpu_manager_image_helm_values": {"vgpuManager": VGPU_MANAGER},
+        "gpu_operator_chart_repo_url": "",
+        "gpu_operator_chart_ref": charts["gpu-operator"],
+        "gpu_operator_helm_binary": os.path.join(api["bin_dir"], "helm"),
+        "gpu_operator_default_workload": "vm-passthrough",
+        "gpu_operator_pull_secret_name": PULL_SECRET[0],
+        "gpu_operator_pull_secret_registry": PULL_SECRET[1],
+        "gpu_operator_pull_secret_username": PULL_SECRET[2],
+        "gpu_operator_pull_secret_password": PULL_SECRET[3],
+        "dra_driver_chart_repo_url": "",
+        "dra_driver_chart_ref": charts["dra-driver-nvidia-gpu"],
+        "dra_driver_helm_binary": os.path.join(api["bin_dir"], "helm"),
+        "dra_driver_claim_templates": [claim],
+        "ansible_python_interpreter": python,
+    }
+    all_vars.update(extra or {})
+    doc = {"all": {"vars": all_vars, "children": {"gpu_nodes": {"hosts": host_vars}},
+                   "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": python}}}}
+    path = tmp_path / ("%s.yml" % name)
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def playbook(helm_env, inv, *extra):
+    """cluster.yml; returns (process, wall seconds)."""
+    env = dict(helm_env, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"))
+    started = time.monotonic()
+    proc = run([os.path.join(TOP, ".venv", "bin", "ansible-playbook"), os.path.join(TOP, "playbooks", "cluster.yml"),
+                "-i", inv, "--diff"] + list(extra), timeout=1200, env=env)
+    return proc, time.monotonic() - started
+
+
+def report(what, seconds):
+    """Wall times go to the terminal (pytest -s) and to the test report (-rA shows them)."""
+    line = "test_72 timing: %s %.1f s (%s charts)" % (what, seconds, "upstream" if HAVE_UPSTREAM else "stand-in")
+    print(line, file=sys.stderr)
+    return line
+
+
+def value_paths(tree, prefix=()):
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from value_paths(value, prefix + (key,))
+        else:
+            yield prefix + (key,)
+
+
+def in_values(upstream, path):
+    node = upstream
+    for key in path:
+        if isinstance(node, dict) and node == {}:
+            return True  # a free-form map upstream (featureGates: {}, nodeSelector: {})
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The module's setup and cleanup: the server is left as it was found
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def helm_env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("helm72")
+    return dict(os.environ, HELM_CACHE_HOME=str(root / "cache"), HELM_CONFIG_HOME=str(root / "config"),
+                HELM_DATA_HOME=str(root / "data"))
+
+
+def delete_crds(api, names, timeout=60):
+    """Delete CRDs (kubectl names) and wait until they are gone.
+
+    The API server's CRD finalizer lists a CRD's instances once before it lets the CRD go; on the lab's
+    server that list sometimes fails right after the CRD's storage is set up ("storage is (re)initializing")
+    and is not tried again until the CRD changes. An annotation is such a change.
+    """
+    if not names:
+        return
+    kubectl(api, "delete", *names, "--wait=false", check=False)
+    started = time.monotonic()
+    poked = False
+    while True:
+        left = kubectl(api, "get", *names, "-o", "name", "--ignore-not-found", check=False).stdout.split()
+        if not left or time.monotonic() > started + timeout:
+            break
+        if not poked and time.monotonic() > started + 5:
+            kubectl(api, "annotate", "--overwrite", *left, "gpuops-test/retry-finalizer=1", check=False)
+            poked = True
+        time.sleep(1)
+    assert not left, "CRDs still there after %ss: %s" % (timeout, left)
+
+
+def server_state(api):
+    """What the module may touch, to compare before and after it (resource versions left out)."""
+    policy = kfind(api, "clusterpolicy", "cluster-policy")
+    return {"crds": sorted(kubectl(api, "get", "crds", "-o", "name").stdout.split()),
+            "nodes": {n: (o["metadata"].get("labels"), o["spec"].get("taints"))
+                      for n, o in ((n, kget(api, "node", n)) for n in NODES)},
+            "kubevirt": kget(api, "kubevirt", "kubevirt", "-n", "kubevirt")["spec"],
+            "releases": sorted(kubectl(api, "get", "secrets", "-A", "-l", "owner=helm", "-o", "name").stdout.split()),
+            "policy": policy and (policy["spec"], policy.get("status")),
+            "claims": sorted(kubectl(api, "get", RCT + ",resourceclaims.v1.resource.k8s.io", "-A", "-o", "name").stdout.split()),
+            "objects": sorted(kubectl(api, "get", "secrets,configmaps", "-n", "gpu-operator", "-o", "name",
+                                      check=False).stdout.split())}
+
+
+@pytest.fixture(scope="module")
+def lab(kube_api, helm_env):
+    api = kube_api
+    # Releases of the same names left by an earlier session (the stand-in charts) would be upgraded to the
+    # real charts, whose pre-upgrade hook Job never completes without a kubelet: start without them.
+    for release, namespace in RELEASES:
+        helm(api, helm_env, "uninstall", release, "-n", namespace, "--no-hooks", check=False)
+    found = server_state(api)
+    crds = set(found["crds"])
+    nodes = {n: kget(api, "node", n) for n in NODES}
+    kubevirt = kget(api, "kubevirt", "kubevirt", "-n", "kubevirt")
+    # test_70 leaves a ClusterPolicy of its own named like the chart's: helm would refuse to take it over.
+    policy = kfind(api, "clusterpolicy", "cluster-policy")
+    if policy:
+        kubectl(api, "delete", "clusterpolicy", "cluster-policy", "--wait=true")
+    objects = [("secret", PULL_SECRET[0], "gpu-operator"), ("configmap", "gpuops-vgpu-devices-config", "gpu-operator")]
+    absent = [o for o in objects if kfind(api, o[0], o[1], "-n", o[2]) is None]
+    yield api
+    for release, namespace in RELEASES:
+        helm(api, helm_env, "uninstall", release, "-n", namespace, "--no-hooks", check=False)
+    kubectl(api, "delete", RCT, CLAIM["name"], "-n", CLAIM["namespace"], "--ignore-not-found", check=False)
+    kubectl(api, "delete", "resourceclaims.v1.resource.k8s.io", CLAIM_MADE, "-n", CLAIM["namespace"],
+            "--ignore-not-found", check=False)
+    for kind, name, namespace in absent:
+        kubectl(api, "delete", kind, name, "-n", namespace, "--ignore-not-found", check=False)
+    delete_crds(api, sorted(set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) - crds))
+    if policy:
+        kept = {k: policy[k] for k in ("apiVersion", "kind", "spec")}
+        kept["metadata"] = {k: v for k, v in policy["metadata"].items() if k in ("name", "labels", "annotations")}
+        kubectl(api, "create", "-f", "-", stdin=json.dumps(kept), check=False)
+        if policy.get("status"):
+            kubectl(api, "patch", "clusterpolicy", "cluster-policy", "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": policy["status"]}), check=False)
+    for name, node in nodes.items():
+        now = kget(api, "node", name)
+        labels = dict((k, None) for k in now["metadata"].get("labels") or {})
+        labels.update(node["metadata"].get("labels") or {})
+        kubectl(api, "patch", "node", name, "--type=merge", "-p", json.dumps(
+            {"metadata": {"labels": labels}, "spec": {"taints": node["spec"].get("taints")}}), check=False)
+    kubectl(api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=json",
+            "-p", json.dumps([{"op": "replace", "path": "/spec", "value": kubevirt["spec"]}]), check=False)
+    assert server_state(api) == found
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------
+
+def test_install_noop_rerun_and_claim_template_replacement(lab, helm_env, tmp_path, record_property):
+    api = lab
+    inv = inventory(tmp_path, api, CHARTS)
+    proc, first = playbook(helm_env, inv)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert recaps(proc.stdout)["localhost"]["changed"] > 0
+    assert PULL_SECRET[3] not in proc.stdout
+    record_property("first_run_seconds", round(first, 1))
+    report("first run", first)
+
+    # The kubelet plugin's node selector picks the dra host's node, which has no device plugin.
+    labels = kget(api, "node", "lab-container")["metadata"]["labels"]
+    assert {k: labels.get(k) for k in DEVICE_PLUGIN_OFF} == DEVICE_PLUGIN_OFF
+    template = kget(api, RCT, CLAIM["name"], "-n", CLAIM["namespace"])
+    assert template["spec"]["spec"]["devices"]["requests"] == [
+        {"name": "gpu", "exactly": {"allocationMode": "ExactCount", "count": 1, "deviceClassName": "vfio.gpu.nvidia.com"}}]
+    assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpuops.sandbox"
+
+    if HAVE_UPSTREAM:
+        policy = kget(api, "clusterpolicy", "cluster-policy")
+        assert policy["metadata"]["annotations"]["meta.helm.sh/release-name"] == "gpu-operator"
+        spec = policy["spec"]
+        assert spec["sandboxWorkloads"] == {"enabled": True, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"}
+        assert {k: spec["vgpuManager"].get(k) for k in VGPU_MANAGER} == VGPU_MANAGER
+        assert spec["vgpuManager"]["imagePullSecrets"] == [PULL_SECRET[0]]
+        assert spec["vgpuDeviceManager"]["config"]["name"] == "gpuops-vgpu-devices-config"
+
+        classes = {c["metadata"]["name"] for c in kget(api, "deviceclasses.v1.resource.k8s.io")["items"]}
+        assert {"gpu.nvidia.com", "vfio.gpu.nvidia.com"} <= classes, classes
+        sets = [d for d in kget(api, "daemonsets", "-n", "dra-driver-nvidia-gpu")["items"]
+                if d["metadata"]["name"].endswith("kubelet-plugin")]
+        assert len(sets) == 1, [d["metadata"]["name"] for d in sets]
+        pod = sets[0]["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == DEVICE_PLUGIN_OFF
+        env = {e["name"]: e.get("value") for c in pod["containers"] for e in c.get("env", [])}
+        assert env["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
+        assert "PassthroughSupport=true" in env["FEATURE_GATES"] and "DeviceMetadata=true" in env["FEATURE_GATES"]
+
+        # Every value the collection set (the releases' user-supplied values) exists in the real chart.
+        for release, namespace in RELEASES:
+            values = json.loads(helm(api, helm_env, "get", "values", release, "-n", namespace, "-o", "json").stdout)
+            with open(os.path.join(UPSTREAM, release, "values.yaml"), encoding="utf-8") as handle:
+                upstream = yaml.safe_load(handle)
+            missing = [".".join(p) for p in value_paths(values) if not in_values(upstream, p)]
+            assert missing == [], "%s values not in the upstream chart: %s" % (release, missing)
+
+    # The next run changes nothing, the Helm releases and the claim template included.
+    before = snapshot(api)
+    proc, noop = playbook(helm_env, inv)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert all(r["changed"] == 0 for r in recaps(proc.stdout).values()), proc.stdout[-8000:]
+    assert snapshot(api) == before
+    record_property("noop_rerun_seconds", round(noop, 1))
+    report("no-op re-run", noop)
+
+    # A claim made from the template, as the resource claim controller makes one for a Pod (a copy of the spec).
+    kubectl(api, "create", "-f", "-", stdin=json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": CLAIM_MADE, "namespace": CLAIM["namespace"]}, "spec": template["spec"]["spec"]}))
+    made = kget(api, "resourceclaims.v1.resource.k8s.io", CLAIM_MADE, "-n", CLAIM["namespace"])
+
+    # Two GPUs per claim: check mode says the template would be replaced and changes nothing...
+    inv2 = inventory(tmp_path, api, CHARTS, name="inv-count2", claim_count=2)
+    proc = playbook(helm_env, inv2, "--check")[0]
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert recaps(proc.stdout)["localhost"]["changed"] > 0
+    assert "ResourceClaimTemplate default/%s would be replaced" % CLAIM["name"] in flat(proc.stdout), proc.stdout[-6000:]
+    assert snapshot(api) == before
+
+    # ...and a real run replaces it (deleted and created again) and says so; the claim made from it is untouched.
+    proc = playbook(helm_env, inv2)[0]
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert "ResourceClaimTemplate default/%s was replaced (deleted and created again)" % CLAIM["name"] in flat(proc.stdout), \
+        proc.stdout[-6000:]
+    assert recaps(proc.stdout)["localhost"]["changed"] > 0
+    replaced = kget(api, RCT, CLAIM["name"], "-n", CLAIM["namespace"])
+    assert replaced["metadata"]["uid"] != template["metadata"]["uid"]
+    assert replaced["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+    after = kget(api, "resourceclaims.v1.resource.k8s.io", CLAIM_MADE, "-n", CLAIM["namespace"])
+    assert (after["metadata"]["uid"], after["metadata"]["resourceVersion"], after["spec"]) == \
+        (made["metadata"]["uid"], made["metadata"]["resourceVersion"], made["spec"])
+    assert after["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
+    after_snapshot = snapshot(api)
+    assert after_snapshot["releases"] == before["releases"] and after_snapshot["nodes"] == before["nodes"]
+
+    # And the run after that is a no-op again.
+    proc = playbook(helm_env, inv2)[0]
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert all(r["changed"] == 0 for r in recaps(proc.stdout).values()), proc.stdout[-8000:]
+
+
+REFUSALS = [
+    # The real DRA chart's templates/validation.yaml, and the stand-in's copy of that rule.
+    pytest.param("dra-driver-nvidia-gpu", "stand-in", {"dra_driver_values": {"gpuResourcesEnabledOverride": False}},
+                 "is refused without gpuResourcesEnabledOverride=true", id="dra-stand-in"),
+    pytest.param("dra-driver-nvidia-gpu", "upstream", {"dra_driver_values": {"gpuResourcesEnabledOverride": False}},
+                 "this DRA driver cannot be deployed alongside the standard GPU device plugin on the same node",
+                 id="dra-upstream"),
+    # The real GPU Operator chart's templates/validations.yaml.
+    pytest.param("gpu-operator", "upstream", {"gpu_operator_values": {"cdi": {"enabled": False, "nriPluginEnabled": True}}},
+                 "the NRI Plugin cannot be enabled when CDI is disabled", id="gpu-operator-upstream"),
+]
+
+
+@pytest.mark.parametrize("chart,source,extra,chart_says", REFUSALS)
+def test_refused_values_stop_the_play_before_anything_changes(lab, helm_env, tmp_path, chart, source, extra, chart_says):
+    if source == "upstream" and not HAVE_UPSTREAM:
+        pytest.skip("the upstream charts are not beside this checkout")
+    api = lab
+    charts = dict(CHARTS, **({chart: STAND_IN_CHARTS[chart]} if source == "stand-in" else {}))
+    # Had it gone on, the run would have changed lab-vgpu's vGPU config (its node label, the KubeVirt CR)
+    # and a claim template.
+    inv = inventory(tmp_path, api, charts, hosts={"lab-vgpu": {"gpuops_vgpu_config_name": "A10-4Q"}}, extra=extra,
+                    claim_count=3)
+    before = snapshot(api)
+    proc = playbook(helm_env, inv)[0]
+    assert proc.returncode != 0
+    text = flat(proc.stdout)
+    name = "The DRA driver chart" if chart == "dra-driver-nvidia-gpu" else "The GPU Operator chart"
+    assert "%s %s refuses the values the play would install it with, so nothing is changed:" % (name, charts[chart]) in text, \
+        proc.stdout[-6000:]
+    assert chart_says in text, proc.stdout[-6000:]
+    assert "TASK [Label and taint the GPU nodes]" not in proc.stdout
+    assert "Traceback" not in proc.stdout and PULL_SECRET[3] not in proc.stdout
+    assert snapshot(api) == before
