@@ -591,6 +591,9 @@ def test_switching_a_node_type_moves_its_operands(reconciled, tmp_path):
     assert where["nvidia-sandbox-device-plugin-daemonset"] == ["lab-vgpu"]
 
 
+@pytest.mark.xfail(strict=True, reason="known defect (issue 16, open): releasing the collection's deploy-label 'false' on a "
+                   "DRA node turned container leaves the label absent, and the operator, which does not watch deploy "
+                   "labels, never puts the container operands back")
 def test_a_dra_node_turned_container_gets_the_container_operands(reconciled, tmp_path):
     """lab-dra becomes a container node. Its workload label stays container, so the operator sees no change to
     act on: it does not watch deploy labels, and puts back none the collection releases (its own `false`
