@@ -234,6 +234,35 @@ def vgpu_manager_os_problems(entries, built_os_tags):
     return problems
 
 
+def helm_foreign_objects(existing, rendered, release_name, release_namespace):
+    """Names of the rendered objects that already exist and are not Helm's for this release.
+
+    ``rendered`` are the documents of ``helm template`` (other values are skipped), ``existing`` the objects
+    read from the cluster (``k8s_info`` resources). Helm refuses to install over an object that lacks its
+    ownership marks (label ``app.kubernetes.io/managed-by=Helm``, annotations ``meta.helm.sh/release-name``
+    and ``meta.helm.sh/release-namespace``) or carries another release's; such an object is returned as
+    ``Kind/name`` (``Kind/namespace/name`` when namespaced), sorted.
+    """
+    def key(obj):
+        meta = obj.get("metadata") or {}
+        return (obj.get("kind"), meta.get("namespace") or "", meta.get("name"))
+
+    wanted = set(key(d) for d in rendered or [] if isinstance(d, dict) and d.get("kind") and d.get("metadata"))
+    foreign = []
+    for obj in existing or []:
+        if not isinstance(obj, dict) or key(obj) not in wanted:
+            continue
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        if (labels.get("app.kubernetes.io/managed-by") != "Helm"
+                or annotations.get("meta.helm.sh/release-name") != release_name
+                or annotations.get("meta.helm.sh/release-namespace") != release_namespace):
+            kind, namespace, name = key(obj)
+            foreign.append("/".join(p for p in (kind, namespace, name) if p))
+    return sorted(foreign)
+
+
 # ---------------------------------------------------------------------------------------------
 # KubeVirt permittedHostDevices and feature gates
 # ---------------------------------------------------------------------------------------------

@@ -137,7 +137,21 @@ def test_resource_api_v1_is_served(kube_api, tmp_path):
         assert "%s.resource.k8s.io" % resource in names
     versions = kubectl(kube_api, "api-versions", check=True).stdout.split()
     assert "resource.k8s.io/v1" in versions
-    kubectl(kube_api, "apply", "-f", write(tmp_path, "dra.yaml", DRA_OBJECTS), check=True)
+    objects = write(tmp_path, "dra.yaml", DRA_OBJECTS)
+    kubectl(kube_api, "apply", "-f", objects, check=True)
+    try:
+        check_dra_objects(kube_api, tmp_path)
+    finally:
+        # The server is shared with the later cluster tests: the DRA driver chart creates a DeviceClass of
+        # the same name and Helm refuses one it does not own. The namespace stays (no namespace controller).
+        kubectl(kube_api, "delete", "resourceclaimtemplates.v1.resource.k8s.io", "vfio-gpu", "-n", "dra-check",
+                "--ignore-not-found", check=True)
+        kubectl(kube_api, "delete", "deviceclass", "vfio.gpu.nvidia.com", "--ignore-not-found", check=True)
+    assert kubectl(kube_api, "get", "deviceclass", "vfio.gpu.nvidia.com", "--ignore-not-found",
+                   check=True).stdout.strip() == ""
+
+
+def check_dra_objects(kube_api, tmp_path):
     template = kubectl_json(kube_api, "get", "resourceclaimtemplates.v1.resource.k8s.io", "-n", "dra-check",
                             "vfio-gpu")
     request = template["spec"]["spec"]["devices"]["requests"][0]

@@ -408,3 +408,32 @@ def test_refused_values_stop_the_play_before_anything_changes(lab, helm_env, tmp
     assert "TASK [Label and taint the GPU nodes]" not in proc.stdout
     assert "Traceback" not in proc.stdout and PULL_SECRET[3] not in proc.stdout
     assert snapshot(api) == before
+
+
+def test_a_hand_made_device_class_stops_the_play_before_anything_changes(lab, helm_env, tmp_path):
+    """A DeviceClass made by hand (as after following the DRA guide without the chart) is found in the preflight."""
+    if not HAVE_UPSTREAM:
+        pytest.skip("only the upstream DRA chart renders DeviceClasses")
+    api = lab
+    helm(api, helm_env, "uninstall", "dra-driver-nvidia-gpu", "-n", "dra-driver-nvidia-gpu", "--no-hooks", check=False)
+    assert kfind(api, "deviceclasses.v1.resource.k8s.io", "vfio.gpu.nvidia.com") is None
+    hand_made = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"},
+                 "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}
+    kubectl(api, "create", "-f", "-", stdin=json.dumps(hand_made))
+    try:
+        inv = inventory(tmp_path, api, CHARTS, hosts={"lab-vgpu": {"gpuops_vgpu_config_name": "A10-4Q"}}, claim_count=3)
+        before = snapshot(api)
+        proc = playbook(helm_env, inv)[0]
+        assert proc.returncode != 0
+        text = flat(proc.stdout)
+        assert ("DeviceClass/vfio.gpu.nvidia.com already exists and is not part of the Helm release "
+                "dra-driver-nvidia-gpu/dra-driver-nvidia-gpu, so Helm would refuse to install the DRA driver; "
+                "nothing is changed.") in text, proc.stdout[-6000:]
+        assert "meta.helm.sh/release-name=dra-driver-nvidia-gpu" in text
+        assert "TASK [Label and taint the GPU nodes]" not in proc.stdout
+        assert "Traceback" not in proc.stdout and PULL_SECRET[3] not in proc.stdout
+        assert snapshot(api) == before
+        assert kget(api, "deviceclasses.v1.resource.k8s.io", "vfio.gpu.nvidia.com")["spec"] == hand_made["spec"]
+    finally:
+        kubectl(api, "delete", "deviceclasses.v1.resource.k8s.io", "vfio.gpu.nvidia.com", "--ignore-not-found",
+                check=False)

@@ -13,6 +13,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     PlanError,
     advertised_names,
     desired_host_devices,
+    helm_foreign_objects,
     operator_os_tag,
     plan_kubevirt,
     vgpu_manager_os_problems,
@@ -174,3 +175,41 @@ def test_vgpu_manager_image_must_fit_the_vgpu_nodes_os():
     # No vm-vgpu host, or no facts: nothing to judge.
     assert vgpu_manager_os_problems(entries[1:] + mixed[2:], ["ubuntu24.04"]) == []
     assert vgpu_manager_os_problems([{"host": "v1", "workload_type": "vm-vgpu", "os_tag": None}], ["x"]) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Objects a chart would create that exist outside its Helm release
+# ---------------------------------------------------------------------------------------------
+
+def _helm_marks(release="dra", namespace="dra-ns", managed_by="Helm"):
+    return {"labels": {"app.kubernetes.io/managed-by": managed_by},
+            "annotations": {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace}}
+
+
+RENDERED = [None, "text", {"kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"}},
+            {"kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"}},
+            {"kind": "ServiceAccount", "metadata": {"name": "sa", "namespace": "dra-ns"}}]
+
+
+@pytest.mark.parametrize("metadata,foreign", [
+    ({}, ["DeviceClass/vfio.gpu.nvidia.com"]),
+    (_helm_marks(), []),
+    (_helm_marks(release="other"), ["DeviceClass/vfio.gpu.nvidia.com"]),
+    (_helm_marks(namespace="other-ns"), ["DeviceClass/vfio.gpu.nvidia.com"]),
+    (_helm_marks(managed_by="kubectl"), ["DeviceClass/vfio.gpu.nvidia.com"]),
+    ({"labels": None, "annotations": None}, ["DeviceClass/vfio.gpu.nvidia.com"]),
+], ids=["hand-made", "this-release", "other-release", "other-namespace", "not-helm", "null-metadata"])
+def test_helm_foreign_objects_judges_the_ownership_marks(metadata, foreign):
+    existing = [{"kind": "DeviceClass", "metadata": dict(metadata, name="vfio.gpu.nvidia.com")}]
+    assert helm_foreign_objects(existing, RENDERED, "dra", "dra-ns") == foreign
+
+
+def test_helm_foreign_objects_ignores_objects_the_chart_does_not_render():
+    existing = [{"kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"}},
+                {"kind": "ServiceAccount", "metadata": {"name": "sa", "namespace": "elsewhere"}},
+                {"kind": "ServiceAccount", "metadata": {"name": "sa", "namespace": "dra-ns"}},
+                {"kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"}}, "junk"]
+    assert helm_foreign_objects(existing, RENDERED, "dra", "dra-ns") == [
+        "DeviceClass/gpu.nvidia.com", "ServiceAccount/dra-ns/sa"]
+    assert helm_foreign_objects(existing, [], "dra", "dra-ns") == []
+    assert helm_foreign_objects(None, None, "dra", "dra-ns") == []
