@@ -89,6 +89,12 @@ _value:
     labels:
       description: Labels of the node; null values are labels to remove.
       type: dict
+    release_to:
+      description:
+        - What the labels the collection set earlier become when it no longer wants them, for O(gpuops.sandbox.node_labels#module:nodes[].release_to).
+          On C(container) nodes the C(false) deploy labels of a former C(dra) node become C(true), as the GPU Operator
+          would set them (it does not relabel a node whose workload label stays C(container)).
+      type: dict
     taints:
       description: Taints of the node among the managed ones, or null to leave taints alone.
       type: list
@@ -121,6 +127,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     PlanError,
     desired_host_devices,
     operator_os_tag,
+    release_labels,
     workload_labels,
 )
 
@@ -176,6 +183,7 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             "vgpu_type_names": _config_types(vgpu_device_config, config_name or vgpu_config_default or VGPU_DEFAULT_CONFIG)
             if wtype == "vm-vgpu" else None,
             "labels": labels,
+            "release_to": release_labels(wtype),
             "taints": None if taints is None else list(taints),
             "gpus": list(hv.get("gpuops_gpus") or []),
             "mdev_parents": list(hv.get("gpuops_mdev_parents") or []),

@@ -17,9 +17,11 @@ description:
   - C(nvidia.com/gpu.workload.config) is the workload type (C(container) for C(dra) nodes, where the
     GPU Operator still installs the driver and toolkit).
   - C(nvidia.com/vgpu.config) is the vGPU config name on C(vm-vgpu) nodes, absent elsewhere.
-  - On C(dra) nodes C(nvidia.com/gpu.deploy.device-plugin), C(nvidia.com/gpu.deploy.sandbox-device-plugin)
-    and C(nvidia.com/gpu.deploy.vfio-manager) are C(false), so the GPU Operator keeps those operands off
-    the node; on other nodes they are removed.
+  - On C(dra) nodes the deploy labels of the operands a DRA node must not run (C(device-plugin),
+    C(operator-validator), C(gpu-feature-discovery), C(dcgm), C(dcgm-exporter), as
+    C(nvidia.com/gpu.deploy.<operand>)) are C(false), so the GPU Operator keeps those operands off the node.
+    On other nodes deploy labels are not named. The GPU Operator's own C(true) values are never asked for or
+    removed, and M(gpuops.sandbox.node_labels) releases the collection's earlier C(false) ones.
   - Fails naming the value for an unknown workload type, and for a vGPU config name that is not among
     O(vgpu_configs) when that is given.
 author:
@@ -43,8 +45,7 @@ EXAMPLES = r"""
 - name: Labels of a vGPU node
   ansible.builtin.debug:
     msg: "{{ 'vm-vgpu' | gpuops.sandbox.gpu_node_labels('A10-4Q', ['A10-4Q', 'A10-8Q']) }}"
-  # => {"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": "A10-4Q",
-  #     "nvidia.com/gpu.deploy.device-plugin": null, ...}
+  # => {"nvidia.com/gpu.workload.config": "vm-vgpu", "nvidia.com/vgpu.config": "A10-4Q"}
 """
 
 RETURN = r"""

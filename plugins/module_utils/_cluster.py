@@ -65,13 +65,15 @@ def owned_labels(node):
     return dict((k, v) for k, v in owned.items() if isinstance(k, str) and isinstance(v, str))
 
 
-def plan_node(node, labels, taints=None, taint_key_prefixes=()):
+def plan_node(node, labels, taints=None, taint_key_prefixes=(), release_to=None):
     """Work out the merge patch that gives ``node`` the wanted labels and taints.
 
     ``labels`` maps keys to a value, or to ``None`` for a label that must not be there. A label this
     collection set in an earlier run (recorded in the node's ``gpuops.sandbox/labels`` annotation) that
     is no longer wanted is removed only while it still has the value recorded: a value somebody else
-    set (the GPU Operator's ``true`` on a deploy label, a user's choice) is theirs and stays. ``taints``
+    set (the GPU Operator's ``true`` on a deploy label, a user's choice) is theirs and stays. A released
+    label named in ``release_to`` is set to the value given there instead of removed, and not recorded:
+    it is handed to its next owner with the value that owner would give it. ``taints``
     (None: leave taints alone) is the full list of taints wanted among the managed ones: a taint is
     managed when its key starts with one of ``taint_key_prefixes`` or it has the key of a wanted
     taint; the node's other taints are kept as they are. Returns ``(patch, before, after)``; ``patch``
@@ -87,12 +89,14 @@ def plan_node(node, labels, taints=None, taint_key_prefixes=()):
                 label_patch[key] = None
         elif current.get(key) != value:
             label_patch[key] = value
+    release_to = release_to or {}
     released = sorted(k for k, v in recorded.items() if k not in labels and current.get(k) == v)
     for key in released:
-        label_patch[key] = None
+        if release_to.get(key) != current.get(key):
+            label_patch[key] = release_to.get(key)
     managed = sorted(set(labels) | set(released))
     before = {"labels": dict((k, current.get(k)) for k in managed)}
-    after = {"labels": dict((k, labels.get(k)) for k in managed)}
+    after = {"labels": dict((k, labels[k] if k in labels else release_to.get(k)) for k in managed)}
     record = dict((k, v) for k, v in labels.items() if v is not None)
     record_text = json.dumps(record, sort_keys=True, separators=(",", ":")) if record else None
     patch = {}
@@ -159,6 +163,21 @@ VGPU_CONFIG_LABEL = "nvidia.com/vgpu.config"
 # The config the vGPU Device Manager applies to a node without nvidia.com/vgpu.config (the chart's
 # vgpuDeviceManager.config.default).
 VGPU_DEFAULT_CONFIG = "default"
+
+
+def release_labels(workload_type):
+    """What the collection's released labels become on a node of ``workload_type`` (for :func:`plan_node`).
+
+    A DRA node keeps the workload label ``container``, so when it turns into a container node the GPU
+    Operator sees no change to act on: it relabels a node only when labels such as the workload label
+    change, and never looks at deploy labels alone. The collection's ``false`` deploy labels are therefore
+    handed over as ``true``, the value the operator gives a container node's operands, and are the
+    operator's from then on. On the other types the operator's relabel (the workload label changes)
+    decides, so the labels are just removed.
+    """
+    if workload_type != "container":
+        return {}
+    return dict(("nvidia.com/gpu.deploy.%s" % operand, "true") for operand in DRA_DISABLED_OPERANDS)
 
 
 def workload_labels(workload_type, vgpu_config_name=None, vgpu_configs=None, vgpu_config_default=None):

@@ -45,6 +45,15 @@ options:
             carry the value it set (see the description).
         type: dict
         default: {}
+      release_to:
+        description:
+          - What a label this module set earlier becomes when it is no longer named in O(nodes[].labels) and still
+            has the recorded value, as key and value; it is then no longer recorded (its next owner's). Labels not
+            named here are removed; a null value removes too.
+          - For example a former DRA node turned container gets the GPU Operator's C(true) on the deploy labels the
+            collection had set to C(false), because the operator does not relabel a node whose workload label stays.
+        type: dict
+        default: {}
       taints:
         description:
           - The taints wanted among the managed ones (see O(taint_key_prefixes)); an empty list removes
@@ -186,6 +195,7 @@ def build_module():
             nodes=dict(type="list", elements="dict", required=True, options=dict(
                 name=dict(type="str", required=True),
                 labels=dict(type="dict", default={}),
+                release_to=dict(type="dict", default={}),
                 taints=dict(type="list", elements="dict", options=dict(
                     key=dict(type="str", required=True, no_log=False),
                     value=dict(type="str"),
@@ -201,7 +211,7 @@ def build_module():
 
 
 def normalise(nodes):
-    """Validate every label and taint; return ``{name: (labels, taints)}``. Raises ValueError naming the bad value."""
+    """Validate every label and taint; return ``{name: (labels, taints, release_to)}``. Raises ValueError naming the bad value."""
     wanted = {}
     for node in nodes:
         name = node["name"]
@@ -221,13 +231,17 @@ def normalise(nodes):
                 if (taint["key"], taint["effect"]) in seen:
                     raise ValueError("node %s: taint %s:%s is given twice" % (name, taint["key"], taint["effect"]))
                 seen.add((taint["key"], taint["effect"]))
-        wanted[name] = (labels, taints)
+        release_to = {}
+        for key, value in (node.get("release_to") or {}).items():
+            check_label_key(key)
+            release_to[key] = None if value is None else label_value(key, value)
+        wanted[name] = (labels, taints, release_to)
     return wanted
 
 
 def apply(api, name, node, wanted, prefixes):
     """Patch one node, re-reading it and planning again on a conflict; return the node as it was."""
-    patch = plan_node(node, wanted[0], wanted[1], prefixes)[0]
+    patch = plan_node(node, wanted[0], wanted[1], prefixes, wanted[2])[0]
     for attempt in range(CONFLICT_RETRIES + 1):
         try:
             api.patch_node(name, patch)
@@ -236,7 +250,7 @@ def apply(api, name, node, wanted, prefixes):
             if exc.status != 409 or attempt == CONFLICT_RETRIES:
                 raise
         node = api.read_node(name)
-        patch = plan_node(node, wanted[0], wanted[1], prefixes)[0]
+        patch = plan_node(node, wanted[0], wanted[1], prefixes, wanted[2])[0]
         if patch is None:
             return node, None
     return node, patch  # pragma: no cover
@@ -257,7 +271,7 @@ def run(module, api):
     for name in sorted(wanted):
         if name in missing:
             continue
-        patch, old, new = plan_node(existing[name], wanted[name][0], wanted[name][1], prefixes)
+        patch, old, new = plan_node(existing[name], wanted[name][0], wanted[name][1], prefixes, wanted[name][2])
         if patch is not None:
             plans[name] = patch
             before[name], after[name] = old, new

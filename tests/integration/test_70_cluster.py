@@ -351,11 +351,17 @@ def test_dra_host_gets_driver_claims_gate_and_no_device_plugin(kube_api, helm_re
     assert recap(proc.stdout)["changed"] == 0, proc.stdout[-6000:]
     assert snapshot(kube_api) == before
 
-    # Back to container: the DRA labels go.
+    # Back to container: the collection's `false` deploy labels become the GPU Operator's `true` (the operator
+    # does not relabel a node whose workload label stays container) and are no longer the collection's.
     proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, name="inv-back"))
     assert proc.returncode == 0, proc.stdout[-6000:]
-    labels = kget(kube_api, "node", "lab-container")["metadata"]["labels"]
-    assert labels[WL] == "container" and not [k for k in labels if k.startswith("nvidia.com/gpu.deploy.")]
+    node = kget(kube_api, "node", "lab-container")
+    labels = node["metadata"]["labels"]
+    assert labels[WL] == "container"
+    assert {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.deploy.")} == {
+        "nvidia.com/gpu.deploy.%s" % o: "true"
+        for o in ("device-plugin", "operator-validator", "gpu-feature-discovery", "dcgm", "dcgm-exporter")}
+    assert json.loads(node["metadata"]["annotations"]["gpuops.sandbox/labels"]) == {WL: "container"}
 
 
 def test_validate_waits_for_labels_and_resources_then_tries_a_vm(kube_api, helm_repo, tmp_path):

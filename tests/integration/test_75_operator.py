@@ -507,6 +507,9 @@ def test_operand_daemonsets_select_the_right_nodes_with_the_right_images(reconci
                  "nvidia-vgpu-manager-daemonset", "nvidia-vgpu-device-manager", "nvidia-device-plugin-daemonset",
                  "nvidia-container-toolkit-daemonset"):
         assert name in sets, sorted(sets)
+    # The operator labels the VM nodes cc-manager=true, but with ccManager off (the collection's default, unlike
+    # the chart's) it renders no CC manager that would switch their GPUs into CC mode.
+    assert "nvidia-cc-manager" not in sets, sorted(sets)
     # Each operand runs the image the ClusterPolicy (the chart with the collection's values) names.
     policy = kget(api, "clusterpolicy", "cluster-policy")["spec"]
     labels = node_labels(api)
@@ -591,13 +594,11 @@ def test_switching_a_node_type_moves_its_operands(reconciled, tmp_path):
     assert where["nvidia-sandbox-device-plugin-daemonset"] == ["lab-vgpu"]
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (issue 16, open): releasing the collection's deploy-label 'false' on a "
-                   "DRA node turned container leaves the label absent, and the operator, which does not watch deploy "
-                   "labels, never puts the container operands back")
 def test_a_dra_node_turned_container_gets_the_container_operands(reconciled, tmp_path):
     """lab-dra becomes a container node. Its workload label stays container, so the operator sees no change to
-    act on: it does not watch deploy labels, and puts back none the collection releases (its own `false`
-    ones). The node must still end up with the container operands (device plugin, validator, GFD, DCGM)."""
+    act on: it does not watch deploy labels, and would put back none the collection removed (its own `false`
+    ones). The collection hands them over as `true`; the node ends up with the container operands (device
+    plugin, validator, GFD, DCGM), and the run after that changes nothing."""
     api = reconciled["api"]
     types = dict(NODES, **{"lab-passthrough": "container", "lab-dra": "container"})
     hosts = {"lab-passthrough": {"gpuops_workload_type": "container"}, "lab-dra": {"gpuops_workload_type": "container"}}
@@ -608,3 +609,10 @@ def test_a_dra_node_turned_container_gets_the_container_operands(reconciled, tmp
     assert seen["lab-dra"] == expected_deploy_labels("container")
     where = placement(api)
     assert "lab-dra" in where["nvidia-device-plugin-daemonset"] and "lab-dra" in where["nvidia-operator-validator"]
+    owned = json.loads(kget(api, "node", "lab-dra")["metadata"]["annotations"]["gpuops.sandbox/labels"])
+    assert not [k for k in owned if k.startswith("nvidia.com/gpu.deploy.")], owned
+    # The labels are the operator's now: the next run changes nothing.
+    proc, _seconds = playbook(reconciled, inventory(tmp_path, api, name="inv-dra-container-again", hosts=hosts))
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert all(r["changed"] == 0 for r in recaps(proc.stdout).values()), proc.stdout[-8000:]
+    assert labelled(api, types)[1]["lab-dra"] == expected_deploy_labels("container")

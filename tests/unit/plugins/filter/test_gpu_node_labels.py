@@ -41,6 +41,9 @@ def test_gpu_hosts():
     assert hosts[0]["vgpu_type_names"] == ["A10-4Q"] and hosts[0]["labels"]["nvidia.com/vgpu.config"] == "A10-4Q"
     assert hosts[1]["vgpu_config_name"] is None and hosts[1]["taints"] == [] and hosts[2]["taints"] is None
     assert hosts[2]["labels"]["nvidia.com/gpu.workload.config"] == "container"
+    # Only a container node hands the collection's earlier deploy labels over (as the operator's true).
+    assert hosts[0]["release_to"] == {} and hosts[1]["release_to"] == {}
+    assert hosts[2]["release_to"]["nvidia.com/gpu.deploy.device-plugin"] == "true"
     with pytest.raises(AnsibleFilterError, match="host h1: vGPU config 'A10-8Q' is not in"):
         gpu_hosts([{"inventory_hostname": "h1", "gpuops_workload_type": "vm-vgpu", "gpuops_vgpu_config_name": "A10-8Q"}], config)
     with pytest.raises(AnsibleFilterError, match="same node name n"):

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
@@ -14,8 +17,10 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     advertised_names,
     desired_host_devices,
     helm_foreign_objects,
+    DRA_DISABLED_OPERANDS,
     operator_os_tag,
     plan_kubevirt,
+    release_labels,
     vgpu_manager_os_problems,
 )
 
@@ -213,3 +218,38 @@ def test_helm_foreign_objects_ignores_objects_the_chart_does_not_render():
         "DeviceClass/gpu.nvidia.com", "ServiceAccount/dra-ns/sa"]
     assert helm_foreign_objects(existing, [], "dra", "dra-ns") == []
     assert helm_foreign_objects(None, None, "dra", "dra-ns") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Released deploy labels against the GPU Operator's own container labels
+# ---------------------------------------------------------------------------------------------
+
+OPERATOR_STATE_MANAGER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.dirname(os.path.realpath(__file__))))))), "shared", "upstream", "gpu-operator", "source", "controllers",
+    "state_manager.go")
+
+
+def _operator_container_labels(text):
+    """gpuStateLabels[gpuWorkloadConfigContainer] of the operator's state_manager.go, constants resolved."""
+    constants = dict(re.findall(r'^\s*(\w+)\s*=\s*"([^"]+)"', text, re.M))
+    block = re.search(r"gpuWorkloadConfigContainer:\s*\{(.*?)\}", text, re.S).group(1)
+    labels = {}
+    for key, value in re.findall(r'^\s*("[^"]+"|\w+)\s*:\s*"([^"]*)"', block, re.M):
+        labels[key.strip('"') if key.startswith('"') else constants[key]] = value
+    return labels
+
+
+def test_release_labels_hand_over_only_on_container_nodes():
+    assert release_labels("container") == dict(("nvidia.com/gpu.deploy.%s" % o, "true") for o in DRA_DISABLED_OPERANDS)
+    for wtype in ("vm-passthrough", "vm-vgpu", "dra"):
+        assert release_labels(wtype) == {}
+
+
+def test_release_labels_are_what_the_operator_gives_a_container_node():
+    if not os.path.isfile(OPERATOR_STATE_MANAGER):
+        pytest.skip("../shared/upstream (the GPU Operator's source) is absent")
+    with open(OPERATOR_STATE_MANAGER, encoding="utf-8") as handle:
+        container = _operator_container_labels(handle.read())
+    assert "nvidia.com/gpu.deploy.device-plugin" in container and "nvidia.com/gpu.deploy.driver" in container
+    for key, value in release_labels("container").items():
+        assert container.get(key) == value, (key, container)

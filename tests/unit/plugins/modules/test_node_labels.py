@@ -168,3 +168,34 @@ def test_a_broken_record_releases_nothing(monkeypatch):
     kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "container"}}])
     assert kind == "exit" and fake.nodes["a"]["metadata"]["labels"] == {WL: "container", "x.example/y": "1"}
     assert json.loads(fake.nodes["a"]["metadata"]["annotations"][OWNED]) == {WL: "container"}
+
+
+def test_released_labels_named_in_release_to_are_handed_over(monkeypatch):
+    """A DRA node turned container: the collection's `false` deploy labels become the operator's `true`."""
+    deploy, dcgm = "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.dcgm"
+    fake = FakeKube([node("a", {WL: "container", deploy: "false", dcgm: "true", "nvidia.com/gpu.deploy.driver": "true"},
+                          owned={WL: "container", deploy: "false", dcgm: "false"})])
+    handover = {deploy: "true", dcgm: "true", "nvidia.com/gpu.deploy.gpu-feature-discovery": True}
+    want = [{"name": "a", "labels": {WL: "container"}, "release_to": handover}]
+    # Check mode shows the handover and changes nothing.
+    kind, result = invoke(monkeypatch, fake, want, _ansible_check_mode=True, _ansible_diff=True)
+    assert kind == "exit" and result["changed"] and fake.patches == []
+    # dcgm was changed by somebody else since (it is theirs, not the collection's to hand over).
+    assert result["diff"]["before"]["a"]["labels"] == {WL: "container", deploy: "false"}
+    assert result["diff"]["after"]["a"]["labels"] == {WL: "container", deploy: "true"}
+    kind, result = invoke(monkeypatch, fake, want)
+    assert kind == "exit" and result["changed"]
+    assert fake.nodes["a"]["metadata"]["labels"] == {WL: "container", deploy: "true", dcgm: "true",
+                                                     "nvidia.com/gpu.deploy.driver": "true"}
+    assert json.loads(fake.nodes["a"]["metadata"]["annotations"][OWNED]) == {WL: "container"}
+    # Handed over: the next run leaves the label alone, even when its new owner changes it.
+    fake.nodes["a"]["metadata"]["labels"][deploy] = "paused-for-driver-upgrade"
+    fake.patches = []
+    kind, result = invoke(monkeypatch, fake, want)
+    assert kind == "exit" and not result["changed"] and fake.patches == []
+
+
+def test_a_bad_release_to_key_fails_before_anything(monkeypatch):
+    fake = FakeKube([node("a", {WL: "dra"}, owned={WL: "dra"})])
+    kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "container"}, "release_to": {"bad key!": "true"}}])
+    assert kind == "fail" and "bad key!" in result["msg"] and fake.patches == []
