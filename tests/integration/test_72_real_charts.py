@@ -306,6 +306,8 @@ def test_install_noop_rerun_and_claim_template_replacement(lab, helm_env, tmp_pa
         assert policy["metadata"]["annotations"]["meta.helm.sh/release-name"] == "gpu-operator"
         spec = policy["spec"]
         assert spec["sandboxWorkloads"] == {"enabled": True, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"}
+        # The chart's default would run the CC manager with mode "on" on every VM node; the collection does not.
+        assert (spec["ccManager"]["enabled"], spec["ccManager"]["defaultMode"]) == (False, "off")
         assert {k: spec["vgpuManager"].get(k) for k in VGPU_MANAGER} == VGPU_MANAGER
         assert spec["vgpuManager"]["imagePullSecrets"] == [PULL_SECRET[0]]
         assert spec["vgpuDeviceManager"]["config"]["name"] == "gpuops-vgpu-devices-config"
