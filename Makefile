@@ -12,12 +12,15 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_FORCE_COLOR ?= 0
 LAB := $(BIN)/python lab/gpulab.py
 KUBE := $(BIN)/python lab/kubelab.py
+OPERATOR := $(BIN)/python lab/operatorlab.py
+# The GPU Operator's source beside the checkout (see ../shared/upstream/README): the lab runs the real operator.
+OPERATOR_SOURCE := $(or $(GPUOPS_OPERATOR_SOURCE),$(CURDIR)/../shared/upstream/gpu-operator/source)
 # The integration tests' own API server (tests/integration/conftest.py), apart from the main job's .lab/kube.
 KUBE_TEST_STATE := $(or $(GPUOPS_KUBE_TEST_STATE),$(CURDIR)/.lab/kube-tests)
 # ...and those of test sessions that ran beside another one (KUBE_TEST_STATE-<pid>).
 KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 
-.PHONY: venv hostdeps lab lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site test \
+.PHONY: venv hostdeps lab lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator test \
 	checks lint sanity unit integration \
 	molecule bench bench-modules bench-hosts bench-cluster validate build docs galaxy-import clean
 
@@ -54,14 +57,25 @@ kube: kube-binaries
 	$(KUBE) start
 	$(KUBE) fixtures
 kube-stop: venv
-	rc=0; $(KUBE) stop || rc=1; \
+	rc=0; $(OPERATOR) stop || rc=1; $(KUBE) stop || rc=1; \
 	for state in $(KUBE_TEST_STATES); do GPUOPS_KUBE_STATE=$$state $(KUBE) stop || rc=1; done; exit $$rc
 kube-status: venv
 	$(KUBE) status
 
-# The main job on the embedded default: the local lab (QEMU hosts and the API server).
+# The main job on the embedded default: the local lab (QEMU hosts and the API server), then the real GPU
+# Operator reconciling what it installed, and playbooks/validate.yml waiting on the operator's labels.
 site: lab kube
 	eval "$$($(KUBE) env)" && ansible-playbook playbooks/site.yml -i inventories/lab/ \
+		-e gpuops_kubeconfig="$$K8S_AUTH_KUBECONFIG"
+	$(MAKE) operator
+
+# The real GPU Operator (lab/operatorlab.py: built once and cached, a running one reused) against the main
+# job's API server, where site.yml installed its chart; nothing to do without its source beside the checkout.
+operator: venv
+	@if [ ! -d "$(OPERATOR_SOURCE)" ]; then \
+		echo "operator: no GPU Operator source at $(OPERATOR_SOURCE); the lab runs without the operator"; exit 0; fi; \
+	$(OPERATOR) build && $(OPERATOR) start && \
+	eval "$$($(KUBE) env)" && ansible-playbook playbooks/validate.yml -i inventories/lab/ \
 		-e gpuops_kubeconfig="$$K8S_AUTH_KUBECONFIG"
 
 # Every test. The Kubernetes build (minutes on a fresh machine, cached after) overlaps the quick tiers.
@@ -120,6 +134,7 @@ galaxy-import: venv
 	scripts/galaxy-import.sh
 
 clean:
+	-$(OPERATOR) stop
 	-$(LAB) stop
 	-$(KUBE) stop
 	-for state in $(KUBE_TEST_STATES); do GPUOPS_KUBE_STATE=$$state $(KUBE) stop; done
