@@ -842,10 +842,19 @@ def load_documents(directory):
     return docs
 
 
-def apply_with_status(client, obj):
-    """Apply an object, then its `status` (if any) through the status subresource."""
+def apply_with_status(client, obj, keep_existing=False):
+    """Apply an object, then its `status` (if any) through the status subresource.
+
+    With `keep_existing`, an object already on the server keeps what it has (only its status is applied):
+    the collection configures the fixture objects (the KubeVirt CR), and `make site` run again must find
+    them as the last run left them, not reset to the fixture.
+    """
     body = {k: v for k, v in obj.items() if k != "status"}
-    client.apply(object_path(obj), body)
+    status = 404
+    if keep_existing:
+        status = client.request("GET", object_path(obj))[0]
+    if status != 200:
+        client.apply(object_path(obj), body)
     if obj.get("status"):
         client.apply(object_path(obj, "status"), {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
                                                   "metadata": {"name": obj["metadata"]["name"],
@@ -878,7 +887,7 @@ def apply_fixtures(client):
     wait_established(client, [c["metadata"]["name"] for c in crds])
     objects = load_documents(os.path.join(FIXTURES, "objects"))
     for obj in objects:
-        apply_with_status(client, obj)
+        apply_with_status(client, obj, keep_existing=True)
     nodes = load_nodes_module().lab_nodes()
     create_nodes(client, nodes)
     return {"crds": [c["metadata"]["name"] for c in crds],

@@ -316,3 +316,30 @@ def test_a_corrupt_cached_binary_is_rebuilt(kube_api, tmp_path):
     assert hashlib.sha256((bin_dir / "helm").read_bytes()).hexdigest() == after["binaries"]["helm"]["sha256"]
     version = run([str(bin_dir / "helm"), "version", "--short"], check=True).stdout
     assert version.startswith(after["helm"])
+
+
+def test_fixtures_again_keep_what_the_collection_configured(kube_api):
+    """`kubelab fixtures` (run by every `make site`) creates the KubeVirt CR but never resets one that exists."""
+    before = kubectl_json(kube_api, "get", "kubevirt", "kubevirt", "-n", "kubevirt")
+    patch = {"spec": {"configuration": {"developerConfiguration": {"featureGates": ["GPU", "HostDevices"]},
+                                        "permittedHostDevices": {"pciHostDevices": [
+                                            {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/GA102GL_A10",
+                                             "externalResourceProvider": True}]}}}}
+    kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=merge", "-p", json.dumps(patch),
+            check=True)
+    try:
+        kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": {"observedKubeVirtVersion": "v0.0.1"}}), check=True)
+        configured = kubectl_json(kube_api, "get", "kubevirt", "kubevirt", "-n", "kubevirt")
+        proc = kubelab("fixtures", timeout=600)
+        assert proc.returncode == 0, proc.stdout
+        after = kubectl_json(kube_api, "get", "kubevirt", "kubevirt", "-n", "kubevirt")
+        assert after["spec"] == configured["spec"]
+        assert after["spec"]["configuration"]["developerConfiguration"]["featureGates"] == ["GPU", "HostDevices"]
+        # The status (what KubeVirt's operator would report) is the fixture's again.
+        assert after["status"]["observedKubeVirtVersion"] == before["status"]["observedKubeVirtVersion"]
+    finally:
+        kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=json", "-p", json.dumps(
+            [{"op": "replace", "path": "/spec", "value": before["spec"]}]), check=True)
+        kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": before["status"]}), check=True)
