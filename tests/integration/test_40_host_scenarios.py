@@ -46,11 +46,14 @@ def host_state(host):
 @pytest.mark.parametrize("extra,expected", [
     (["-e", "gpuops_workload_type=vm-passthrough"],
      r"no IOMMU table \(no ACPI DMAR or IVRS\).*Nothing was changed"),
+    # A DRA node needs the IOMMU as much: its driver binds the GPU to vfio-pci for a VM's claim.
+    (["-e", "gpuops_workload_type=dra"],
+     r"lab-container is a dra node but its firmware has no IOMMU table \(no ACPI DMAR or IVRS\).*Nothing was changed"),
     (["-e", '{"preflight_supported_os": {"ubuntu": ["24.04"], "rocky": ["9"]}}'],
      r"ID=debian, VERSION_ID=12\), which is not supported; supported: ubuntu 24.04, rocky 9.*Nothing was changed"),
     (["-e", "gpuops_workload_type=gpu-magic"],
      r"preflight_workload_type must be one of: , container, vm-passthrough, vm-vgpu, dra, got: gpu-magic"),
-], ids=["iommu-off-in-firmware", "unsupported-os", "bad-workload-type"])
+], ids=["iommu-off-in-firmware", "dra-iommu-off-in-firmware", "unsupported-os", "bad-workload-type"])
 def test_preflight_failure_changes_nothing(scenario_runs, switch_run, extra, expected):  # pylint: disable=unused-argument
     # The switch scenario runs on lab-passthrough meanwhile (switch_run starts it; test_85 checks it).
     lab("start", "lab-container", check=True, timeout=1800)

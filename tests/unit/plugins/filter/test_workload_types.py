@@ -1,0 +1,57 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The workload types in one place: the kinds, and that no role or playbook keeps a list of its own."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpuops.sandbox.plugins.filter.workload_types import FilterModule
+
+workload_types = FilterModule().filters()["workload_types"]
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))))
+
+
+def test_kinds():
+    assert workload_types("all") == ["container", "vm-passthrough", "vm-vgpu", "dra"]
+    assert workload_types("iommu") == ["vm-passthrough", "vm-vgpu", "dra"]
+    assert workload_types("host_devices") == ["vm-passthrough", "vm-vgpu"]
+    assert set(workload_types("iommu")) <= set(workload_types("all"))
+
+
+def test_an_unknown_kind_names_the_kinds():
+    with pytest.raises(AnsibleFilterError, match="workload type kind 'vm' is not one of all, host_devices, iommu"):
+        workload_types("vm")
+
+
+def test_no_role_or_playbook_keeps_a_copy_of_a_kind():
+    """A literal list in a role, template or playbook holding exactly the types of a kind is a second copy of it."""
+    kinds = [set(workload_types(k)) for k in ("all", "iommu", "host_devices")]
+    literal = re.compile(r"[\[(]((?:\s*'[a-z-]+'\s*,)+\s*'[a-z-]+'\s*)[\])]")
+    found = []
+    for folder in ("roles", "playbooks"):
+        for root, _dirs, files in os.walk(os.path.join(TOP, folder)):
+            for name in files:
+                if not name.endswith((".yml", ".yaml", ".j2")) or name == "argument_specs.yml":
+                    continue
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as handle:
+                    for number, line in enumerate(handle, 1):
+                        for match in literal.finditer(line):
+                            if set(re.findall(r"'([a-z-]+)'", match.group(1))) in kinds:
+                                found.append("%s:%d" % (os.path.relpath(path, TOP), number))
+    assert found == []
+
+
+def test_the_checker_sees_a_copy(tmp_path):
+    line = "  when: host_type in ['vm-passthrough', 'vm-vgpu', 'dra']"
+    literal = re.compile(r"[\[(]((?:\s*'[a-z-]+'\s*,)+\s*'[a-z-]+'\s*)[\])]")
+    groups = [set(re.findall(r"'([a-z-]+)'", m.group(1))) for m in literal.finditer(line)]
+    assert groups == [set(workload_types("iommu"))]
