@@ -25,6 +25,12 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names impor
 )
 
 WORKLOAD_TYPES = ("container", "vm-passthrough", "vm-vgpu", "dra")
+# The types whose hosts need the IOMMU (firmware table, groups, the kernel arguments) and GPUs to give away:
+# the VM types, and DRA, whose driver binds a GPU to vfio-pci when a VM's claim is prepared.
+IOMMU_WORKLOAD_TYPES = ("vm-passthrough", "vm-vgpu", "dra")
+# The types whose GPUs reach VMs through the sandbox device plugin and KubeVirt's permittedHostDevices.
+HOST_DEVICE_WORKLOAD_TYPES = ("vm-passthrough", "vm-vgpu")
+WORKLOAD_TYPE_KINDS = {"all": WORKLOAD_TYPES, "iommu": IOMMU_WORKLOAD_TYPES, "host_devices": HOST_DEVICE_WORKLOAD_TYPES}
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 RESOURCE_PREFIX = "nvidia.com/"
 # Annotation on the KubeVirt CR listing the permittedHostDevices entries this collection added, so
@@ -628,7 +634,7 @@ def advertised_names(hosts, nodes, entries, pci_vendor_ids=("10de",), resource_n
     checked, unpermitted, notes = [], [], []
     renames, candidates = {}, {}
     for host in hosts:
-        if host.get("workload_type") not in ("vm-passthrough", "vm-vgpu"):
+        if host.get("workload_type") not in HOST_DEVICE_WORKLOAD_TYPES:
             continue
         node = by_name.get(host.get("name"))
         if node is None:
@@ -658,3 +664,53 @@ def advertised_names(hosts, nodes, entries, pci_vendor_ids=("10de",), resource_n
                         and e.get("resourceName") not in advertised_anywhere]
     return {"checked_nodes": checked, "unadvertised": unadvertised, "unpermitted": unpermitted,
             "renames": renames, "notes": notes}
+
+
+# ---------------------------------------------------------------------------------------------
+# DRA nodes: what the DRA driver publishes for them
+# ---------------------------------------------------------------------------------------------
+
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+def _device_attribute(device, driver, name):
+    """A device attribute of a ResourceSlice (unqualified or qualified by the driver's domain), as a plain value."""
+    attributes = device.get("attributes") or {}
+    value = attributes.get(name, attributes.get("%s/%s" % (driver, name)))
+    if isinstance(value, dict):
+        for kind in ("string", "int", "bool", "version"):
+            if kind in value:
+                return value[kind]
+    return None
+
+
+def dra_node_problems(entries, slices, device_classes, driver=DRA_DRIVER, device_types=("vfio", "gpu"),
+                      wanted_classes=("vfio.gpu.nvidia.com",)):
+    """``{node: [what it lacks]}`` for every DRA entry of :func:`gpu_hosts`; an empty list means ready.
+
+    ``slices`` and ``device_classes`` are the ResourceSlices and DeviceClasses read from the cluster. A DRA node
+    is ready when the classes in ``wanted_classes`` exist and the driver has published a ResourceSlice for the
+    node (``spec.nodeName``) with a device whose ``type`` attribute is one of ``device_types`` (the attribute the
+    chart's DeviceClasses select on: ``gpu`` for containers, ``vfio`` for passthrough to VMs).
+    """
+    have = set(((c or {}).get("metadata") or {}).get("name") for c in device_classes or [])
+    lacking_classes = ["DeviceClass %s" % c for c in wanted_classes if c not in have]
+    problems = {}
+    for entry in entries or []:
+        if entry.get("workload_type") != "dra":
+            continue
+        devices = []
+        for item in slices or []:
+            spec = (item or {}).get("spec") or {}
+            if spec.get("driver") == driver and spec.get("nodeName") == entry.get("name"):
+                devices.extend(spec.get("devices") or [])
+        lacks = list(lacking_classes)
+        if not devices:
+            lacks.append("a ResourceSlice of %s with devices" % driver)
+        elif device_types:
+            types = sorted(set(str(t) for t in (_device_attribute(d, driver, "type") for d in devices) if t is not None))
+            if not set(types) & set(device_types):
+                lacks.append("a %s device of type %s in its ResourceSlices (they offer %s)"
+                             % (driver, " or ".join(device_types), ", ".join(types) or "devices without a type"))
+        problems[entry.get("name")] = lacks
+    return problems

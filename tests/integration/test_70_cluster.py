@@ -45,9 +45,9 @@ VM_CRD = os.path.join(TOP, "tests", "fixtures", "kubevirt-vm-crd.yaml")
 # Helpers
 # ---------------------------------------------------------------------------------------------
 
-def kubectl(api, *args, kubeconfig=None, check=True):
+def kubectl(api, *args, kubeconfig=None, check=True, input=None):  # pylint: disable=redefined-builtin
     cmd = [os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", kubeconfig or api["kubeconfig"]] + list(args)
-    proc = subprocess.run(cmd, text=True, capture_output=True, timeout=120, check=False)
+    proc = subprocess.run(cmd, text=True, capture_output=True, timeout=120, check=False, input=input)
     if check and proc.returncode:
         raise AssertionError("%s: %s" % (" ".join(args), proc.stderr))
     return proc
@@ -392,6 +392,66 @@ def test_validate_waits_for_labels_and_resources_then_tries_a_vm(kube_api, helm_
         for node, names in operands.items():
             kubectl(kube_api, "label", "node", node, *["nvidia.com/gpu.deploy.%s-" % n for n in names],
                     *(["nvidia.com/vgpu.config.state-"] if node == "lab-vgpu" else []))
+
+
+def dra_slice(devices):
+    """A ResourceSlice as the DRA driver publishes one per node: its driver, a pool named after the node, the
+    node's name, and devices whose `type` attribute is what the chart's DeviceClasses select on."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "lab-container-gpu.nvidia.com"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": "lab-container",
+                     "pool": {"name": "lab-container", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": name, "attributes": {
+                         "type": {"string": kind}, "productName": {"string": "NVIDIA A10"},
+                         "pcieBusID": {"string": "0000:65:00.0"}, "driverVersion": {"version": "580.65.6"}}}
+                         for name, kind in devices]}}
+
+
+def test_validate_waits_for_the_dra_drivers_slices_then_tries_a_vm_with_a_claim(kube_api, helm_repo, tmp_path):
+    hosts = {"lab-container": {"gpuops_workload_type": "dra"}}
+    inv = inventory(tmp_path, kube_api, helm_repo, hosts=hosts, extra_all={
+        "cluster_validate_retries": 1, "cluster_validate_delay": 1, "cluster_validate_allocatable": False,
+        "cluster_validate_operator_labels": False})
+    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"},
+                    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
+                                                                  "device.attributes['gpu.nvidia.com'].type == 'vfio'"}}]}}
+
+    def validate(*extra):
+        proc = playbook(helm_repo, inv, "validate.yml", *extra)
+        return proc, " ".join(proc.stdout.split())
+
+    try:
+        # No driver yet: neither its DeviceClass nor a slice.
+        proc, flat = validate()
+        assert proc.returncode != 0
+        assert ("Node lab-container (dra) still lacks after 1 attempts: DeviceClass vfio.gpu.nvidia.com, "
+                "a ResourceSlice of gpu.nvidia.com with devices.") in flat, flat[-4000:]
+        assert "Traceback" not in proc.stdout
+        kubectl(kube_api, "create", "-f", "-", input=json.dumps(device_class))
+        # A slice with only MIG devices offers nothing a VM or a container of this node type asks for.
+        kubectl(kube_api, "create", "-f", "-", input=json.dumps(dra_slice([("gpu-0-mig-1", "mig")])))
+        proc, flat = validate()
+        assert proc.returncode != 0
+        assert ("Node lab-container (dra) still lacks after 1 attempts: a gpu.nvidia.com device of type vfio or gpu "
+                "in its ResourceSlices (they offer mig).") in flat, flat[-4000:]
+        kubectl(kube_api, "replace", "-f", "-", input=json.dumps(dra_slice([("gpu-0", "gpu"), ("gpu-0-vfio", "vfio")])))
+        kubectl(kube_api, "apply", "-f", VM_CRD)
+        kubectl(kube_api, "wait", "--for=condition=Established", "crd/virtualmachines.kubevirt.io", "--timeout=60s")
+        proc, flat = validate("-e", "gpuops_validate_test_vm=true", "-e", "cluster_validate_vm_running=false",
+                              "-e", "cluster_validate_vm_keep=true", "-e", "cluster_validate_vm_node=lab-container")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert "Node lab-container (dra) is ready." in flat, flat[-4000:]
+        # The VM asks for its GPU through a claim from the template, by claim and request name.
+        vm = kget(kube_api, "virtualmachine", "gpuops-gpu-test", "-n", "default")["spec"]["template"]["spec"]
+        assert vm["resourceClaims"] == [{"name": "gpu-claim", "resourceClaimTemplateName": "vfio-gpu"}]
+        assert vm["domain"]["devices"]["gpus"] == [{"name": "gpu1", "claimName": "gpu-claim", "requestName": "gpu"}]
+        assert vm["nodeSelector"] == {"kubernetes.io/hostname": "lab-container"}
+    finally:
+        kubectl(kube_api, "delete", "virtualmachine", "gpuops-gpu-test", "-n", "default", "--ignore-not-found",
+                check=False)
+        kubectl(kube_api, "delete", "resourceslices.v1.resource.k8s.io", "lab-container-gpu.nvidia.com",
+                "--ignore-not-found", check=False)
+        kubectl(kube_api, "delete", "deviceclasses.v1.resource.k8s.io", "vfio.gpu.nvidia.com", "--ignore-not-found",
+                check=False)
 
 
 def test_rerun_keeps_the_operators_deploy_labels(kube_api, helm_repo, tmp_path):

@@ -16,6 +16,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     PlanError,
     advertised_names,
     desired_host_devices,
+    dra_node_problems,
     helm_foreign_objects,
     DRA_DISABLED_OPERANDS,
     operator_os_tag,
@@ -253,3 +254,39 @@ def test_release_labels_are_what_the_operator_gives_a_container_node():
     assert "nvidia.com/gpu.deploy.device-plugin" in container and "nvidia.com/gpu.deploy.driver" in container
     for key, value in release_labels("container").items():
         assert container.get(key) == value, (key, container)
+
+
+# ---------------------------------------------------------------------------------------------
+# DRA nodes against what the DRA driver published
+# ---------------------------------------------------------------------------------------------
+
+def _slice(node, devices, driver="gpu.nvidia.com"):
+    return {"spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}}
+
+
+DRA_ENTRIES = [{"name": "n1", "workload_type": "dra"}, {"name": "n2", "workload_type": "dra"},
+               {"name": "n3", "workload_type": "vm-passthrough"}]
+VFIO_CLASS = [{"metadata": {"name": "vfio.gpu.nvidia.com"}}]
+
+
+def test_dra_node_problems_name_what_each_dra_node_lacks():
+    slices = [_slice("n1", [{"name": "gpu-0", "attributes": {"type": {"string": "vfio"}}}]),
+              _slice("n2", [{"name": "gpu-0-mig", "attributes": {"gpu.nvidia.com/type": {"string": "mig"}}}, {"name": "x"}]),
+              _slice("n2", [{"name": "gpu-1", "attributes": {"type": {"string": "gpu"}}}], driver="other.example.com"),
+              _slice("n3", [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}])]
+    problems = dra_node_problems(DRA_ENTRIES, slices, VFIO_CLASS)
+    assert problems == {"n1": [], "n2": ["a gpu.nvidia.com device of type vfio or gpu in its ResourceSlices (they offer mig)"]}
+
+
+def test_dra_node_problems_without_driver_or_classes():
+    assert dra_node_problems(DRA_ENTRIES[:1], [], []) == {
+        "n1": ["DeviceClass vfio.gpu.nvidia.com", "a ResourceSlice of gpu.nvidia.com with devices"]}
+    assert dra_node_problems(DRA_ENTRIES[:1], [_slice("n1", [])], VFIO_CLASS) == {
+        "n1": ["a ResourceSlice of gpu.nvidia.com with devices"]}
+    assert dra_node_problems(DRA_ENTRIES[:1], [_slice("n1", [{"name": "d"}])], VFIO_CLASS) == {
+        "n1": ["a gpu.nvidia.com device of type vfio or gpu in its ResourceSlices (they offer devices without a type)"]}
+    # Any device type will do when none is asked for; no DRA node, nothing to say.
+    assert dra_node_problems(DRA_ENTRIES[:1], [_slice("n1", [{"name": "d"}])], VFIO_CLASS, device_types=()) == {"n1": []}
+    assert dra_node_problems(DRA_ENTRIES[2:], [], []) == {}
+    assert dra_node_problems(None, None, None) == {}
