@@ -526,6 +526,9 @@ def test_skipped_without_kubeconfig(kube_api, helm_repo, tmp_path):
 @pytest.fixture(scope="module", autouse=True)
 def _cleanup(kube_api):
     yield
+    # The ClusterPolicy the first test made (the stand-in chart has none): the later modules install the real
+    # chart on the same server, and Helm refuses a ClusterPolicy it does not own.
+    kubectl(kube_api, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=gpuops-sandbox-tests", check=False)
     for release, namespace in (("gpu-operator", "gpu-operator"), ("dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu")):
         subprocess.run([os.path.join(kube_api["bin_dir"], "helm"), "--kubeconfig", kube_api["kubeconfig"],
                         "uninstall", release, "-n", namespace], capture_output=True, timeout=120, check=False)

@@ -412,30 +412,45 @@ def test_refused_values_stop_the_play_before_anything_changes(lab, helm_env, tmp
     assert snapshot(api) == before
 
 
-def test_a_hand_made_device_class_stops_the_play_before_anything_changes(lab, helm_env, tmp_path):
-    """A DeviceClass made by hand (as after following the DRA guide without the chart) is found in the preflight."""
+HAND_MADE = [
+    pytest.param("dra-driver-nvidia-gpu", "DRA driver", "deviceclasses.v1.resource.k8s.io",
+                 {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"},
+                  "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}},
+                 "DeviceClass/vfio.gpu.nvidia.com", id="dra-device-class"),
+    pytest.param("gpu-operator", "GPU Operator", "clusterpolicies.nvidia.com",
+                 {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+                  "spec": {"sandboxWorkloads": {"enabled": True}}},
+                 "ClusterPolicy/cluster-policy", id="gpu-operator-cluster-policy"),
+]
+
+
+@pytest.mark.parametrize("release,what,resource,hand_made,named", HAND_MADE)
+def test_an_object_made_outside_the_release_stops_the_play_before_anything_changes(lab, helm_env, tmp_path, release,
+                                                                                 what, resource, hand_made, named):
+    """A DeviceClass made by hand (as after following the DRA guide without the chart), or a ClusterPolicy of
+    another GPU Operator installation, is found in the preflight instead of failing Helm half-way."""
     if not HAVE_UPSTREAM:
-        pytest.skip("only the upstream DRA chart renders DeviceClasses")
+        pytest.skip("only the upstream charts render these objects")
     api = lab
-    helm(api, helm_env, "uninstall", "dra-driver-nvidia-gpu", "-n", "dra-driver-nvidia-gpu", "--no-hooks", check=False)
-    assert kfind(api, "deviceclasses.v1.resource.k8s.io", "vfio.gpu.nvidia.com") is None
-    hand_made = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"},
-                 "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}
+    helm(api, helm_env, "uninstall", release, "-n", release, "--no-hooks", check=False)
+    assert kfind(api, resource, hand_made["metadata"]["name"]) is None
     kubectl(api, "create", "-f", "-", stdin=json.dumps(hand_made))
+    made = kget(api, resource, hand_made["metadata"]["name"])
     try:
         inv = inventory(tmp_path, api, CHARTS, hosts={"lab-vgpu": {"gpuops_vgpu_config_name": "A10-4Q"}}, claim_count=3)
         before = snapshot(api)
         proc = playbook(helm_env, inv)[0]
         assert proc.returncode != 0
         text = flat(proc.stdout)
-        assert ("DeviceClass/vfio.gpu.nvidia.com already exists and is not part of the Helm release "
-                "dra-driver-nvidia-gpu/dra-driver-nvidia-gpu, so Helm would refuse to install the DRA driver; "
-                "nothing is changed.") in text, proc.stdout[-6000:]
-        assert "meta.helm.sh/release-name=dra-driver-nvidia-gpu" in text
+        assert ("%s already exists and is not part of the Helm release %s/%s, so Helm would refuse to install the %s; "
+                "nothing is changed." % (named, release, release, what)) in text, proc.stdout[-6000:]
+        assert "meta.helm.sh/release-name=%s" % release in text
         assert "TASK [Label and taint the GPU nodes]" not in proc.stdout
         assert "Traceback" not in proc.stdout and PULL_SECRET[3] not in proc.stdout
         assert snapshot(api) == before
-        assert kget(api, "deviceclasses.v1.resource.k8s.io", "vfio.gpu.nvidia.com")["spec"] == hand_made["spec"]
+        # The object itself is untouched: same uid and resource version, not taken over.
+        now = kget(api, resource, hand_made["metadata"]["name"])
+        assert (now["metadata"]["uid"], now["metadata"]["resourceVersion"]) == (made["metadata"]["uid"],
+                                                                                made["metadata"]["resourceVersion"])
     finally:
-        kubectl(api, "delete", "deviceclasses.v1.resource.k8s.io", "vfio.gpu.nvidia.com", "--ignore-not-found",
-                check=False)
+        kubectl(api, "delete", resource, hand_made["metadata"]["name"], "--ignore-not-found", check=False)
