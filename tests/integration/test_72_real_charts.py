@@ -425,8 +425,8 @@ HAND_MADE = [
 
 
 @pytest.mark.parametrize("release,what,resource,hand_made,named", HAND_MADE)
-def test_an_object_made_outside_the_release_stops_the_play_before_anything_changes(lab, helm_env, tmp_path, release,
-                                                                                 what, resource, hand_made, named):
+def test_an_object_made_outside_the_release_stops_the_play_before_anything_changes(
+        lab, helm_env, tmp_path, release, what, resource, hand_made, named):
     """A DeviceClass made by hand (as after following the DRA guide without the chart), or a ClusterPolicy of
     another GPU Operator installation, is found in the preflight instead of failing Helm half-way."""
     if not HAVE_UPSTREAM:
