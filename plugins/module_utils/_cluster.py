@@ -23,6 +23,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names impor
     vgpu_profile_resource_name,
     vgpu_resource_name,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
 WORKLOAD_TYPES = ("container", "vm-passthrough", "vm-vgpu", "dra")
 # The types whose hosts need the IOMMU (firmware table, groups, the kernel arguments) and GPUs to give away:
@@ -38,7 +39,7 @@ RESOURCE_PREFIX = "nvidia.com/"
 OWNED_ANNOTATION = "gpuops.sandbox/permitted-host-devices"
 
 
-class PlanError(Exception):
+class PlanError(GpuopsError):
     """The input cannot be applied; ``msg`` names the bad value and what to do."""
 
     def __init__(self, msg):

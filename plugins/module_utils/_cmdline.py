@@ -22,6 +22,8 @@ import glob
 import os
 import re
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+
 GRUB_DEFAULTS = "/etc/default/grub"
 GRUB_DROPIN_DIR = "/etc/default/grub.d"
 KERNEL_CMDLINE_FILE = "/etc/kernel/cmdline"
@@ -42,7 +44,7 @@ ACCEPTED_TEXT = (
 LOADER_TOKENS = ("BOOT_IMAGE", "initrd")
 
 
-class CmdlineError(Exception):
+class CmdlineError(GpuopsError):
     """Bad input, an unreadable boot file, or a configuration this code refuses to guess about.
 
     ``path`` names the file involved, when there is one.

@@ -21,6 +21,8 @@ import re
 
 from ansible.module_utils.basic import env_fallback
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+
 try:
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
@@ -51,7 +53,7 @@ KUBEVIRT_VERSION = "v1"
 KUBEVIRT_PLURAL = "kubevirts"
 
 
-class KubeError(Exception):
+class KubeError(GpuopsError):
     """A Kubernetes API call failed, or an input cannot be applied; ``msg`` says what to do.
 
     ``status`` is the HTTP status when the API server answered (``None`` otherwise).

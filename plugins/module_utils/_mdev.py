@@ -37,6 +37,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     read_attr,
     write_attr,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
 MDEV_BUS = "/sys/class/mdev_bus"
 MDEV_DEVICES = "/sys/bus/mdev/devices"
@@ -62,7 +63,7 @@ E_BUSY = "busy"
 E_APPLY = "apply"
 
 
-class MdevError(Exception):
+class MdevError(GpuopsError):
     """A request was refused, or a change could not be applied or confirmed.
 
     ``kind`` is one of the ``E_*`` constants. ``retryable`` marks conditions that may clear on their

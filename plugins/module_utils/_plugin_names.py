@@ -38,6 +38,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+
 NVIDIA_VENDOR_ID = "10de"
 RESOURCE_PREFIX = "nvidia.com/"
 # bufio.MaxScanTokenSize: a line (without its newline, with a trailing \r) this long stops the scan.
@@ -57,7 +59,7 @@ _QUALIFIED_NAME_RE = re.compile(r"\A[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _HEX_DIGITS = "0123456789abcdef"
 
 
-class PluginNameError(ValueError):
+class PluginNameError(GpuopsError, ValueError):
     """An input to the resource naming is not valid; ``msg`` says which value and what is expected."""
 
     def __init__(self, msg):

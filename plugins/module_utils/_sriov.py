@@ -25,6 +25,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     read_attr,
     write_attr,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
 VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
 
@@ -35,7 +36,7 @@ _monotonic = time.monotonic
 POLL_INTERVAL = 0.2
 
 
-class SriovError(Exception):
+class SriovError(GpuopsError):
     """An SR-IOV precondition failed or a change could not be applied or confirmed."""
 
     def __init__(self, msg, **details):

@@ -16,11 +16,13 @@ import errno
 import os
 import re
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+
 PCI_ADDRESS_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 SHORT_PCI_ADDRESS_RE = re.compile(r"^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
-class SysfsError(Exception):
+class SysfsError(GpuopsError):
     """A sysfs read or write failed, or an input did not name a real object.
 
     ``path`` is the sysfs path involved (relative to the root), when there is one.

@@ -43,6 +43,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     sriov_info,
     vgpu_info,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
 PCI_DRIVERS = "/sys/bus/pci/drivers"
 DRIVERS_PROBE = "/sys/bus/pci/drivers_probe"
@@ -65,7 +66,7 @@ _sleep = time.sleep
 _monotonic = time.monotonic
 
 
-class VfioError(Exception):
+class VfioError(GpuopsError):
     """Binding or restoring failed, or was refused; ``msg`` says why and what to do.
 
     ``rollback`` lists, when a change was undone, one line per function with the rollback result.

@@ -236,6 +236,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     split_cmdline,
     strip_loader_tokens,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
 # Host root for every file this module touches. Only unit tests point it elsewhere.
 HOST_ROOT = "/"
@@ -245,7 +246,7 @@ ORIGIN = "gpuops.sandbox.kernel_cmdline"
 GRUB2_GENERATED = ("/boot/grub2/grubenv", "/boot/grub2/grub.cfg", KERNEL_CMDLINE_FILE)
 
 
-class ModuleFailure(Exception):
+class ModuleFailure(GpuopsError):
     """A failure to report with fail_json; ``extra`` holds additional result keys."""
 
     def __init__(self, msg, **extra):

@@ -178,6 +178,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
 # The filesystem root the module works on; unit tests point it at a fake tree.
 ROOT = "/"
@@ -194,7 +195,7 @@ DRACUT_DIR = "/etc/dracut.conf.d"
 TOOLS = {"initramfs-tools": "update-initramfs", "dracut": "dracut"}
 
 
-class ModulesError(Exception):
+class ModulesError(GpuopsError):
     def __init__(self, msg):
         super(ModulesError, self).__init__(msg)
         self.msg = msg

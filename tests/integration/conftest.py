@@ -219,6 +219,49 @@ def kubelab_status(env=None):
     return json.loads(kubelab("status", "--json", check=True, env=env, timeout=120).stdout)
 
 
+def delete_crds(api, names, timeout=180):
+    """Delete CRDs (kubectl names, e.g. `customresourcedefinition.apiextensions.k8s.io/x`) and wait until
+    they are gone; raise AssertionError naming the ones left after `timeout` seconds.
+
+    The API server's CRD finalizer lists a CRD's instances before it lets the CRD go; on the lab's server
+    that list sometimes fails right after the CRD's storage is set up ("storage is (re)initializing") and is
+    not tried again until the CRD changes. A changed annotation is such a change: it is repeated every 5
+    seconds while a CRD stays, and finalizers left on its instances (their controller is gone) are removed.
+    No kubectl call waits on its own, so a stalled finalizer cannot turn into a subprocess timeout.
+    """
+    if not names:
+        return
+    kubectl = [os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", api["kubeconfig"]]
+
+    def call(*args):
+        try:
+            return subprocess.run(kubectl + list(args), text=True, capture_output=True, timeout=60,
+                                  check=False).stdout
+        except subprocess.TimeoutExpired:
+            return None
+
+    call("delete", *names, "--wait=false", "--ignore-not-found")
+    started = time.monotonic()
+    left, poked = list(names), started
+    while left and time.monotonic() < started + timeout:
+        seen = call("get", *left, "-o", "name", "--ignore-not-found")
+        left = left if seen is None else seen.split()
+        if left and time.monotonic() > poked + 5:
+            call("annotate", "--overwrite", *left, "gpuops-test/retry-finalizer=%d" % int(time.monotonic()))
+            for crd in left:  # an instance with a finalizer whose controller is gone holds its CRD forever
+                found = call("get", crd.split("/", 1)[-1], "-A", "-o", "json")
+                for item in json.loads(found or "{}").get("items", []):
+                    meta = item["metadata"]
+                    if meta.get("finalizers"):
+                        call("patch", crd.split("/", 1)[-1], meta["name"], "--type=merge",
+                             "-p", '{"metadata":{"finalizers":null}}',
+                             *(["-n", meta["namespace"]] if meta.get("namespace") else []))
+            poked = time.monotonic()
+        if left:
+            time.sleep(1)
+    assert not left, "CRDs still there after %ss: %s" % (timeout, left)
+
+
 def sweep_session_states():
     """Stop the servers of per-session state directories (base-<pid>) whose session is gone; remove them."""
     parent, name = os.path.split(KUBE_TEST_STATE_BASE)

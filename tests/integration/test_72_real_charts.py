@@ -31,7 +31,7 @@ import time
 import pytest
 import yaml
 
-from conftest import TOP, run
+from conftest import TOP, delete_crds, run
 
 UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
 REAL_CHARTS = {"gpu-operator": os.path.join(UPSTREAM, "gpu-operator", "chart"),
@@ -196,29 +196,6 @@ def helm_env(tmp_path_factory):
     root = tmp_path_factory.mktemp("helm72")
     return dict(os.environ, HELM_CACHE_HOME=str(root / "cache"), HELM_CONFIG_HOME=str(root / "config"),
                 HELM_DATA_HOME=str(root / "data"))
-
-
-def delete_crds(api, names, timeout=60):
-    """Delete CRDs (kubectl names) and wait until they are gone.
-
-    The API server's CRD finalizer lists a CRD's instances once before it lets the CRD go; on the lab's
-    server that list sometimes fails right after the CRD's storage is set up ("storage is (re)initializing")
-    and is not tried again until the CRD changes. An annotation is such a change.
-    """
-    if not names:
-        return
-    kubectl(api, "delete", *names, "--wait=false", check=False)
-    started = time.monotonic()
-    poked = False
-    while True:
-        left = kubectl(api, "get", *names, "-o", "name", "--ignore-not-found", check=False).stdout.split()
-        if not left or time.monotonic() > started + timeout:
-            break
-        if not poked and time.monotonic() > started + 5:
-            kubectl(api, "annotate", "--overwrite", *left, "gpuops-test/retry-finalizer=1", check=False)
-            poked = True
-        time.sleep(1)
-    assert not left, "CRDs still there after %ss: %s" % (timeout, left)
 
 
 def server_state(api):

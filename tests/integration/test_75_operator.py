@@ -32,7 +32,7 @@ import time
 import pytest
 import yaml
 
-from conftest import TOP, run
+from conftest import TOP, delete_crds, run
 
 UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
 CHARTS = {"gpu-operator": os.path.join(UPSTREAM, "gpu-operator", "chart"),
@@ -393,9 +393,6 @@ def lab(kube_api, tmp_path_factory):
             kubectl(api, "delete", name, "--ignore-not-found", check=False)
         for kind, name, namespace_ in absent:
             kubectl(api, "delete", kind, name, "-n", namespace_, "--ignore-not-found", check=False)
-        added = sorted(set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) - crds)
-        if added:
-            kubectl(api, "delete", *added, "--wait=true", check=False)
         if stand_in_crd:
             kept = {k: stand_in_crd[k] for k in ("apiVersion", "kind", "spec")}
             kept["metadata"] = {k: v for k, v in stand_in_crd["metadata"].items() if k in ("name", "labels", "annotations")}
@@ -424,6 +421,8 @@ def lab(kube_api, tmp_path_factory):
             if policy.get("status"):
                 kubectl(api, "patch", "clusterpolicy", "cluster-policy", "--subresource=status", "--type=merge",
                         "-p", json.dumps({"status": policy["status"]}), check=False)
+        # Last, so that a CRD the server is slow to let go of leaves everything else restored.
+        delete_crds(api, sorted(set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) - crds))
         for what, seconds in lab_["timings"].items():
             report(what, seconds)
 

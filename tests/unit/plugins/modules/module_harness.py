@@ -13,16 +13,16 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 
-class ModuleExit(Exception):
-    """exit_json was called; ``result`` holds its keyword arguments."""
+class ModuleExit(SystemExit):
+    """exit_json was called; ``result`` holds its keyword arguments (a SystemExit, as the real exit_json's)."""
 
     def __init__(self, result):
         super().__init__(result)
         self.result = result
 
 
-class ModuleFail(Exception):
-    """fail_json was called; ``result`` holds its keyword arguments (``msg`` included)."""
+class ModuleFail(SystemExit):
+    """fail_json was called; ``result`` holds its keyword arguments (``msg`` included; a SystemExit too)."""
 
     def __init__(self, result):
         super().__init__(result)
