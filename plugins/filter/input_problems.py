@@ -11,6 +11,7 @@ import re
 from ansible.errors import AnsibleFilterError
 
 DOCUMENTATION = r"""
+---
 name: input_problems
 short_description: Check role inputs that an argument spec cannot bound (seconds, counts, Helm durations)
 version_added: 0.1.0
@@ -20,6 +21,8 @@ description:
     checks such inputs and returns one message per bad value, naming the variable, its value and what is
     accepted; the roles assert that the list is empty before they change anything.
   - A whole number may be given as an integer or as a string of ASCII digits (extra variables are strings).
+author:
+  - gpuops.sandbox contributors (@gpuops)
 options:
   _input:
     description:

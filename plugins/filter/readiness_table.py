@@ -1,0 +1,117 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Filter: the readiness report of the GPU nodes, as a table for a terminal and as a document for files."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ansible.errors import AnsibleFilterError
+
+DOCUMENTATION = r"""
+---
+name: readiness_table
+short_description: The readiness of the GPU nodes as a plain-text table that fits a terminal
+version_added: 0.4.0
+description:
+  - Takes the C(host_verify_report) facts of the GPU nodes (see the role R(gpuops.sandbox.host_verify,
+    ansible_collections.gpuops.sandbox.host_verify_role)) and the names of all GPU nodes, and returns one
+    string: a header line and one row per node (HOST, TYPE, READY, GROUPS, MDEVS, DETAIL). The detail (the
+    failed checks, or the GPUs and their drivers) wraps inside its own column, so no line is wider than O(width).
+  - A node without a report (unreachable, or failed before the check) gets a row saying so.
+  - P(gpuops.sandbox.readiness_document#filter) returns the same data as a dict for a JSON file.
+author:
+  - gpuops.sandbox contributors (@gpuops)
+options:
+  _input:
+    description: The C(host_verify_report) facts.
+    type: list
+    elements: dict
+    required: true
+  hosts:
+    description: Every GPU node's inventory name.
+    type: list
+    elements: str
+    required: true
+  width:
+    description: The widest a line may be (at least 72, which with the 8 columns the default callback indents a message by fits an 80-column terminal).
+    type: int
+    default: 100
+"""
+
+EXAMPLES = r"""
+- name: Show the readiness table
+  ansible.builtin.debug:
+    msg: "{{ reports | gpuops.sandbox.readiness_table(groups['gpu_nodes']) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The table, lines separated by newlines.
+  type: str
+"""
+
+# Column names and the widest each may get (a longer host name is cut, and marked with ~).
+COLUMNS = (("HOST", 32), ("TYPE", 14), ("READY", 6), ("GROUPS", 6), ("MDEVS", 5))
+
+
+def _ready(report):
+    if report.get("ready"):
+        return "yes"
+    return "reboot" if report.get("reboot_pending") else "NO"
+
+
+def _detail(report):
+    failed = [c.get("check", "?") for c in report.get("checks") or [] if not c.get("ok")]
+    if failed:
+        return "failed: " + ", ".join(failed)
+    if report.get("reboot_pending"):
+        return "reboot pending"
+    # PCI domain 0000 left out: "65:00.0=nvidia" reads as well and keeps a narrow column to one GPU per line.
+    return " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or []) or "no GPU found"
+
+
+def _rows(reports, hosts):
+    if not isinstance(reports, list) or not all(isinstance(r, dict) for r in reports):
+        raise AnsibleFilterError("readiness_table expects a list of host_verify_report dicts, got %r" % (reports,))
+    if not isinstance(hosts, list):
+        raise AnsibleFilterError("readiness_table: hosts must be a list of inventory names, got %r" % (hosts,))
+    by_host = dict((r.get("host"), r) for r in reports)
+    rows = []
+    for host in list(hosts) + [h for h in by_host if h not in hosts]:
+        report = by_host.get(host)
+        if report is None:
+            rows.append((host, "?", "NO", "-", "-", "not checked: unreachable or failed before the check"))
+        else:
+            rows.append((host, report.get("workload_type", "?"), _ready(report), str(report.get("iommu_groups", "-")),
+                         str(report.get("mdevs", "-")), _detail(report)))
+    return rows
+
+
+def readiness_table(reports, hosts, width=100):
+    width = max(int(width), 72)
+    rows = _rows(reports, hosts)
+    sizes = [max([len(name)] + [len(row[i]) for row in rows]) for i, (name, _) in enumerate(COLUMNS)]
+    sizes = [min(size, cap) for size, (_, cap) in zip(sizes, COLUMNS)]
+    fixed = sum(sizes[1:]) + 2 * len(sizes)
+    sizes[0] = max(min(sizes[0], width - fixed - 16), 12)  # the host column gives way to a readable DETAIL
+    left = sizes[0] + fixed
+    detail_width = max(width - left, 16)
+    lines = ["  ".join(name.ljust(size) for (name, _), size in zip(COLUMNS, sizes)) + "  DETAIL"]
+    for row in rows:
+        cells = [cell if len(cell) <= size else cell[:size - 1] + "~" for cell, size in zip(row[:-1], sizes)]
+        wrapped = textwrap.wrap(row[-1], detail_width, break_on_hyphens=False, break_long_words=False) or [""]
+        lines.append("  ".join(cell.ljust(size) for cell, size in zip(cells, sizes)) + "  " + wrapped[0])
+        lines.extend(" " * left + more for more in wrapped[1:])
+    ready = sum(1 for row in rows if row[2] == "yes")
+    lines.append("%d of %d GPU nodes ready" % (ready, len(rows)))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+class FilterModule:
+    """gpuops.sandbox.readiness_table"""
+
+    def filters(self):
+        return {"readiness_table": readiness_table}
