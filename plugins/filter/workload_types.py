@@ -14,7 +14,7 @@ description:
   - The one list of workload types the roles and playbooks test against, so that a type is added or regrouped in
     one place.
   - V(all) gives every type (C(container), C(vm-passthrough), C(vm-vgpu), C(dra)). V(iommu) gives the types whose
-    hosts need the IOMMU (its firmware table, viable groups, C(intel_iommu=on)/C(amd_iommu=on) and C(iommu=pt)) and
+    hosts need the IOMMU (its firmware table, viable groups, C(intel_iommu=on) on Intel and C(iommu=pt)) and
     GPUs to give away; the VM types and C(dra), whose driver binds a GPU to vfio-pci when a VM's claim is prepared.
     V(host_devices) gives the types whose GPUs reach VMs through the sandbox device plugin and KubeVirt's
     C(permittedHostDevices).
