@@ -26,7 +26,7 @@ options:
     type: str
   request_timeout:
     description:
-      - Seconds allowed for each API request.
+      - Seconds allowed for each API request, a whole number from 1 to 3600; any other value fails before the first request.
     type: int
     default: 30
 requirements:

@@ -81,7 +81,9 @@ def check_range(name, value, low=None, high=None, what="seconds"):
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = "%s to %s" % (low, high) if low is not None and high is not None else (
             "at least %s" % low if low is not None else "at most %s" % high)
-        raise GpuopsError("%s must be %s %s, got %d; nothing was changed" % (name, bounds, what, value))
+        # str() of an integer of more than 4300 digits raises; the size is told instead of the digits.
+        shown = str(value) if abs(value) < 10 ** 20 else "a number of about %d digits" % int(value.bit_length() * 0.30103 + 1)
+        raise GpuopsError("%s must be %s %s, got %s; nothing was changed" % (name, bounds, what, shown))
     return value
 
 

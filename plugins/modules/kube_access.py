@@ -80,12 +80,14 @@ server:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import AUTH_ARGUMENT_SPEC, KubeError, connect
+from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import AUTH_ARGUMENT_SPEC, connect, open_api
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import create_module, run_module
 
 
 def build_module():
-    return AnsibleModule(
-        argument_spec=dict(
+    return create_module(
+        AnsibleModule,
+        dict(
             **AUTH_ARGUMENT_SPEC,
             permissions=dict(type="list", elements="dict", default=[], options=dict(
                 verb=dict(type="str", required=True),
@@ -98,19 +100,16 @@ def build_module():
     )
 
 
-def run_module(module, api_factory=connect):
-    try:
-        api = api_factory(module.params)
-        version = api.version()
-        api.require([(p["verb"], p["resource"], p["group"], p["namespace"]) for p in module.params["permissions"]])
-    except KubeError as exc:
-        module.fail_json(msg=exc.msg)
-        return
-    module.exit_json(changed=False, server_version=version, server=api.server)
+def check_access(module, api_factory=connect):
+    """The module's work: the result dict, or a GpuopsError (KubeError) naming what is missing."""
+    api = open_api(module, api_factory)
+    version = api.version()
+    api.require([(p["verb"], p["resource"], p["group"], p["namespace"]) for p in module.params["permissions"]])
+    return dict(changed=False, server_version=version, server=api.server)
 
 
-def main():
-    run_module(build_module())
+def main(api_factory=connect):
+    run_module(build_module, check_access, api_factory)
 
 
 if __name__ == "__main__":

@@ -59,12 +59,18 @@ options:
         required: true
         choices: [container, vm-passthrough, vm-vgpu, dra]
       gpus:
-        description: The host's C(gpuops_gpus) fact.
+        description:
+          - The host's C(gpuops_gpus) fact.
+          - Every entry needs C(vendor) and C(device), each 4 hex digits; C(is_vf) is a boolean, C(address) and
+            C(physfn) strings, C(mdev_types) a list of mappings, C(vgpu) a mapping, as M(gpuops.sandbox.gpu_facts)
+            returns them. An entry otherwise fails, naming it, before the first request.
         type: list
         elements: dict
         default: []
       mdev_parents:
-        description: The host's C(gpuops_mdev_parents) fact (mdev parents that are not PCI functions).
+        description:
+          - The host's C(gpuops_mdev_parents) fact (mdev parents that are not PCI functions).
+          - The C(types) of an entry is a list of mappings, as M(gpuops.sandbox.gpu_facts) returns it.
         type: list
         elements: dict
         default: []
@@ -86,7 +92,7 @@ options:
     type: str
   pci_vendor_ids:
     description:
-      - Vendor IDs (4 hex digits) of the GPUs that go into C(pciHostDevices).
+      - Vendor IDs (4 hex digits, such as C(10de), without C(0x)) of the GPUs that go into C(pciHostDevices).
     type: list
     elements: str
     default: ["10de"]
@@ -261,6 +267,7 @@ api_requests:
 """
 
 import json
+import re
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -268,6 +275,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
     AUTH_ARGUMENT_SPEC,
     KubeError,
     connect,
+    open_api,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     WORKLOAD_TYPES,
@@ -275,12 +283,24 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     advertised_names,
     plan_kubevirt,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import create_module, run_module
+from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names import parse_overrides
+
+HEX4_RE = re.compile(r"\A[0-9a-fA-F]{4}\Z")
+# The keys of a gpuops.sandbox.gpu_facts GPU (mdev type, vGPU state) this module reads, with the types their values
+# may have; a key may also be absent or null. Other keys of the facts are not read, so not checked.
+GPU_KEYS = dict(address=(str,), physfn=(str,), is_vf=(bool,), mdev_types=(list,), vgpu=(dict,))
+MDEV_TYPE_KEYS = dict(id=(str, int), name=(str,), resource_name=(str,))
+VGPU_KEYS = dict(creatable_types=(list,), current_type=(int,))
+VGPU_TYPE_KEYS = dict(id=(str, int), name=(str,))
+MAX_PROBLEMS = 8
 
 
 def build_module():
     """Create the AnsibleModule; the argument spec does the validation it can."""
-    return AnsibleModule(
-        argument_spec=dict(
+    return create_module(
+        AnsibleModule,
+        dict(
             **AUTH_ARGUMENT_SPEC,
             hosts=dict(type="list", elements="dict", required=True, options=dict(
                 name=dict(type="str", required=True),
@@ -303,6 +323,83 @@ def build_module():
         ),
         supports_check_mode=True,
     )
+
+
+def _shown(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:50] + "... (%d characters)" % len(text)
+
+
+def _kind(types):
+    return " or ".join({str: "a string", int: "an integer", bool: "a boolean", list: "a list", dict: "a mapping"}[t]
+                       for t in types)
+
+
+def _check_keys(where, entry, keys, problems):
+    """Append to ``problems`` every key of ``entry`` (a dict) in ``keys`` whose value has none of its types."""
+    for key, types in sorted(keys.items()):
+        value = entry.get(key)
+        if value is None:
+            continue
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            problems.append("%s.%s is %s, not %s" % (where, key, _shown(value), _kind(types)))
+
+
+def _check_entries(where, entries, keys, problems):
+    """Append to ``problems`` every entry of a list of mappings (mdev types, vGPU types) it cannot read."""
+    for index, entry in enumerate(entries):
+        here = "%s[%d]" % (where, index)
+        if isinstance(entry, dict):
+            _check_keys(here, entry, keys, problems)
+        else:
+            problems.append("%s is %s, not a mapping" % (here, _shown(entry)))
+
+
+def check_hosts(hosts):
+    """Raise PlanError naming every GPU or mdev parent entry of ``hosts`` this module cannot read.
+
+    ``gpus`` and ``mdev_parents`` are the facts of gpuops.sandbox.gpu_facts, which carry many more keys than
+    this module reads, so they have no sub-spec: the keys read are checked here, before any request.
+    """
+    problems = []
+    for index, host in enumerate(hosts):
+        label = "hosts[%d] (%s)" % (index, host.get("name"))
+        for number, gpu in enumerate(host.get("gpus") or []):
+            where = "%s gpus[%d]" % (label, number)
+            for key in ("vendor", "device"):
+                value = gpu.get(key)
+                if value is None:
+                    problems.append("%s has no %s" % (where, key))
+                elif not isinstance(value, str) or not HEX4_RE.match(value):
+                    problems.append("%s.%s is %s, not 4 hex digits" % (where, key, _shown(value)))
+            _check_keys(where, gpu, GPU_KEYS, problems)
+            if isinstance(gpu.get("mdev_types"), list):
+                _check_entries(where + ".mdev_types", gpu["mdev_types"], MDEV_TYPE_KEYS, problems)
+            if isinstance(gpu.get("vgpu"), dict):
+                _check_keys(where + ".vgpu", gpu["vgpu"], VGPU_KEYS, problems)
+                if isinstance(gpu["vgpu"].get("creatable_types"), list):
+                    _check_entries(where + ".vgpu.creatable_types", gpu["vgpu"]["creatable_types"], VGPU_TYPE_KEYS,
+                                   problems)
+        for number, parent in enumerate(host.get("mdev_parents") or []):
+            where = "%s mdev_parents[%d]" % (label, number)
+            _check_keys(where, parent, dict(types=(list,)), problems)
+            if isinstance(parent.get("types"), list):
+                _check_entries(where + ".types", parent["types"], MDEV_TYPE_KEYS, problems)
+    if problems:
+        raise PlanError("%s%s; gpus and mdev_parents must be the host's gpuops_gpus and gpuops_mdev_parents facts from "
+                        "gpuops.sandbox.gpu_facts (each GPU with vendor and device as 4 hex digits); nothing was changed"
+                        % ("; ".join(problems[:MAX_PROBLEMS]),
+                           " (and %d more)" % (len(problems) - MAX_PROBLEMS) if len(problems) > MAX_PROBLEMS else ""))
+
+
+def check_inputs(params):
+    """Every input the plan reads, checked before the first request."""
+    check_hosts(params["hosts"])
+    bad = [v for v in params["pci_vendor_ids"] if not HEX4_RE.match(v)]
+    if bad:
+        raise PlanError("pci_vendor_ids: %s is not a PCI vendor ID (4 hex digits, such as 10de); nothing was changed"
+                        % ", ".join(_shown(v) for v in bad))
+    parse_overrides(params["resource_names"])
 
 
 def find_cr(api, namespace, name):
@@ -395,18 +492,15 @@ def run(module, api):
     return result
 
 
-def run_module(module, api_factory=connect):
-    try:
-        api = api_factory(module.params)
-        result = run(module, api)
-    except (KubeError, PlanError) as exc:
-        module.fail_json(msg=exc.msg)
-        return
-    module.exit_json(**result)
+def permit_devices(module, api_factory=connect):
+    """The module's work: check the inputs, connect, plan and patch; the result dict or a GpuopsError."""
+    check_inputs(module.params)
+    api = open_api(module, api_factory)
+    return run(module, api)
 
 
-def main():
-    run_module(build_module())
+def main(api_factory=connect):
+    run_module(build_module, permit_devices, api_factory)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ options:
     default: fail
   parallel:
     description:
-      - How many patches are in flight at once.
+      - How many patches are in flight at once, a whole number from 1 to 32 (the size of the client's
+        connection pool); any other value fails before the first request.
     type: int
     default: 8
 extends_documentation_fragment:
@@ -173,15 +174,23 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
     AUTH_ARGUMENT_SPEC,
+    MAX_PARALLEL,
     KubeError,
+    check_bounded,
     check_label_key,
     connect,
     label_value,
+    open_api,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     TAINT_EFFECTS,
     inverse_patch,
     plan_node,
+)
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
+    GpuopsError,
+    create_module,
+    run_module,
 )
 
 CONFLICT_RETRIES = 3
@@ -189,8 +198,9 @@ CONFLICT_RETRIES = 3
 
 def build_module():
     """Create the AnsibleModule; the argument spec does the validation it can."""
-    return AnsibleModule(
-        argument_spec=dict(
+    return create_module(
+        AnsibleModule,
+        dict(
             **AUTH_ARGUMENT_SPEC,
             nodes=dict(type="list", elements="dict", required=True, options=dict(
                 name=dict(type="str", required=True),
@@ -256,10 +266,9 @@ def apply(api, name, node, wanted, prefixes):
     return node, patch  # pragma: no cover
 
 
-def run(module, api):
-    """Plan and apply; return the result dict. Raises KubeError / ValueError with a message for the user."""
+def run(module, api, wanted):
+    """Plan and apply; return the result dict. Raises KubeError with a message for the user."""
     params = module.params
-    wanted = normalise(params["nodes"])
     prefixes = tuple(params["taint_key_prefixes"])
     existing = dict((n["metadata"]["name"], n) for n in api.list_nodes())
     missing = sorted(set(wanted) - set(existing))
@@ -281,22 +290,27 @@ def run(module, api):
     if plans and not module.check_mode:
         api.require([("patch", "nodes", "", None)])
         done, errors = [], []
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, params["parallel"])) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=params["parallel"]) as pool:
             futures = dict((pool.submit(apply, api, name, existing[name], wanted[name], prefixes), name) for name in plans)
             for future in concurrent.futures.as_completed(futures):
                 try:
                     node, patch = future.result()
                     if patch is not None:
                         done.append((futures[future], node, patch))
-                except KubeError as exc:
+                except GpuopsError as exc:
                     errors.append(exc.msg)
+                except Exception as exc:  # pylint: disable=broad-exception-caught
+                    # Whatever went wrong with one node, the nodes already patched are rolled back below.
+                    errors.append("node %s: %s: %s" % (futures[future], type(exc).__name__, exc))
         if errors:
             rollback_errors = []
             for name, node, patch in done:
                 try:
                     api.patch_node(name, inverse_patch(node, patch))
-                except KubeError as exc:
+                except GpuopsError as exc:
                     rollback_errors.append(exc.msg)
+                except Exception as exc:  # pylint: disable=broad-exception-caught
+                    rollback_errors.append("node %s: %s: %s" % (name, type(exc).__name__, exc))
             raise KubeError("%d of %d node patches failed: %s; %s" % (
                 len(errors), len(plans), "; ".join(sorted(errors)[:5]),
                 "rolled back the %d nodes already patched" % len(done) if not rollback_errors else
@@ -305,21 +319,20 @@ def run(module, api):
     return result
 
 
-def run_module(module, api_factory=connect):
+def label_nodes(module, api_factory=connect):
+    """The module's work: check every input, connect, plan and apply; the result dict or a GpuopsError."""
+    params = module.params
+    check_bounded("parallel", params["parallel"], 1, MAX_PARALLEL, "patches in flight")
     try:
-        api = api_factory(module.params)
-        result = run(module, api)
-    except KubeError as exc:
-        module.fail_json(msg=exc.msg)
-        return
+        wanted = normalise(params["nodes"])
     except ValueError as exc:
-        module.fail_json(msg="%s; nothing was changed" % exc)
-        return
-    module.exit_json(**result)
+        raise GpuopsError("%s; nothing was changed" % exc)
+    api = open_api(module, api_factory)
+    return run(module, api, wanted)
 
 
-def main():
-    run_module(build_module())
+def main(api_factory=connect):
+    run_module(build_module, label_nodes, api_factory)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,19 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""An in-memory stand-in for _kube.KubeApi: JSON merge patches, resourceVersion conflicts, denials."""
+"""An in-memory stand-in for _kube.KubeApi: JSON merge patches, resourceVersion conflicts, denials; and a stub
+API server with kubeconfigs that carry a secret, for the real client."""
 
 from __future__ import annotations
 
 import copy
+import http.server
+import json
+import sys
+import threading
+
+from hypothesis import event
+from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import KubeError
 
@@ -90,3 +98,178 @@ class FakeKube:
                 self.kubevirts[index] = self._patch(cr, patch)
                 return copy.deepcopy(self.kubevirts[index])
         raise KubeError("not found", status=404)
+
+
+# ---------------------------------------------------------------------------------------------
+# A real client against a stub API server, for the paths where credentials could leak
+# ---------------------------------------------------------------------------------------------
+
+SECRET = "S3cr3t-gpuops-token-XYZ"
+GOOD_TOKEN = "the-stub-accepts-this-token"
+
+
+class StubApiServer:
+    """A tiny HTTP server the real kubernetes client talks to: ``Bearer <token>`` must match exactly (401
+    otherwise); then ``/version`` answers and every other request is forbidden (403). ``authorizations``
+    records the Authorization headers received."""
+
+    def __init__(self, token=GOOD_TOKEN):
+        self.token = token
+        self.authorizations = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # pylint: disable=arguments-differ
+                pass
+
+            def _reply(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                stub.authorizations.append(self.headers.get("Authorization"))
+                if self.headers.get("Authorization") != "Bearer " + stub.token:
+                    self._reply(401, {"kind": "Status", "message": "Unauthorized", "code": 401})
+                elif self.path.rstrip("/") == "/version":
+                    self._reply(200, {"gitVersion": "v1.35.4"})
+                else:
+                    self._reply(403, {"kind": "Status", "code": 403,
+                                      "message": 'forbidden: User "stub" cannot do %s %s' % (self.command, self.path)})
+
+            do_GET = do_POST = do_PATCH = _answer  # noqa: N815
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# Every way a kubeconfig can carry SECRET towards a failure, and a text the failure message must hold (so the
+# test knows the path was reached). Port 9 (discard) refuses connections.
+SECRET_SCENARIOS = {
+    "token with a newline": "forbidden to",
+    "token with CR LF": "forbidden to",
+    "token file with a newline": "forbidden to",
+    "exec plugin token with a newline": "forbidden to",
+    "wrong token": "refused the credentials",
+    "token with a line break inside": "cannot be sent to the API server",
+    "user and password": "refused the credentials",
+    "server URL with user:password": "refused the credentials",
+    "unreachable server URL with user:password": "cannot reach the API server at http://127.0.0.1:9 ",
+    "proxy URL with user:password": "cannot reach the API server",
+    "client key data": "cannot reach the API server at https://127.0.0.1:9 ",
+    "not valid YAML": "is not valid YAML",
+    "not a kubeconfig": "is not a kubeconfig",
+    "user entry of the wrong shape": "cannot use the kubeconfig",
+}
+
+
+def secret_kubeconfig(tmp_path, scenario, server_url):
+    """Write the kubeconfig of ``scenario`` (see SECRET_SCENARIOS) for a stub at ``server_url``; return its path."""
+    server, user, cluster_extra = server_url, {"token": GOOD_TOKEN}, {}
+    if scenario == "token with a newline":
+        user = {"token": GOOD_TOKEN + "\n"}
+    elif scenario == "token with CR LF":
+        user = {"token": GOOD_TOKEN + "\r\n"}
+    elif scenario == "token file with a newline":
+        (tmp_path / "token").write_text(GOOD_TOKEN + "\n")
+        user = {"tokenFile": str(tmp_path / "token")}
+    elif scenario == "exec plugin token with a newline":
+        (tmp_path / "token").write_text(GOOD_TOKEN + "\n")
+        script = ("import json, sys; print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1', "
+                  "'kind': 'ExecCredential', 'status': {'token': open(sys.argv[1]).read()}}))")
+        user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
+                         "args": ["-c", script, str(tmp_path / "token")], "interactiveMode": "Never"}}
+    elif scenario == "wrong token":
+        user = {"token": SECRET + "\n"}
+    elif scenario == "token with a line break inside":
+        user = {"token": SECRET + "\nmore"}
+    elif scenario == "user and password":
+        user = {"username": "admin", "password": SECRET}
+    elif scenario == "server URL with user:password":
+        server = server_url.replace("http://", "http://admin:%s@" % SECRET)
+        user = {"token": SECRET}
+    elif scenario == "unreachable server URL with user:password":
+        server = "http://admin:%s@127.0.0.1:9" % SECRET
+    elif scenario == "proxy URL with user:password":
+        cluster_extra = {"proxy-url": "http://admin:%s@127.0.0.1:9" % SECRET}
+    elif scenario == "client key data":
+        server = "https://admin:%s@127.0.0.1:9" % SECRET
+        user = {"client-certificate-data": SECRET, "client-key-data": SECRET}
+    path = tmp_path / "kubeconfig"
+    if scenario == "not valid YAML":
+        path.write_text("apiVersion: v1\nusers: [\n  {name: u, user: {token: %s}}\n" % SECRET)
+    elif scenario == "not a kubeconfig":
+        path.write_text("- %s\n" % SECRET)
+    elif scenario == "user entry of the wrong shape":
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            "clusters": [{"name": "k", "cluster": {"server": server}}],
+            "users": [{"name": "u", "token": SECRET}]}))
+    else:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            "clusters": [{"name": "k", "cluster": dict(server=server, **cluster_extra)}],
+            "users": [{"name": "u", "user": user}]}))
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing: argument values of every kind, the odd ones included
+# ---------------------------------------------------------------------------------------------
+
+ODD_TEXTS = ["inf", "-inf", "+inf", "Infinity", "-Infinity", "nan", "NaN", "1e400", "-1e400", "9" * 400, "-" + "9" * 30,
+             "0", "-1", "3601", "1.5", "", " ", "true", "null", "Grafikkarte-Ü", "ノード", "\u202e\u0645", "a\nb", "x" * 300]
+ODD_NUMBERS = [float("inf"), float("-inf"), float("nan"), 1e308, -0.0, 10 ** 30, -(10 ** 30), 10 ** 400]
+
+
+def fuzz_values(keys=()):
+    """Any JSON-able argument value: scalars (odd texts and numbers included) and lists and dicts of them,
+    nested; dict keys mostly from ``keys`` so the module's own keys come up."""
+    scalars = hs.one_of(hs.none(), hs.booleans(), hs.integers(-5, 70), hs.floats(), hs.sampled_from(ODD_NUMBERS),
+                        hs.text(max_size=12), hs.sampled_from(ODD_TEXTS))
+    key = hs.one_of(hs.sampled_from(list(keys) or ["x"]), hs.text(max_size=6))
+    return hs.recursive(scalars, lambda children: hs.one_of(hs.lists(children, max_size=3),
+                                                            hs.dictionaries(key, children, max_size=4)), max_leaves=10)
+
+
+def check_clean_end(kind, result):
+    """A fuzzed run ends in exit_json, or in fail_json with a message of its own (not the last-line catch-all)."""
+    event(kind)  # --hypothesis-show-statistics: how many examples got through
+    assert kind in ("exit", "fail")
+    if kind == "fail":
+        assert isinstance(result["msg"], str) and result["msg"].strip()
+        assert "Traceback" not in result["msg"]
+        assert "failed unexpectedly" not in result["msg"], result["msg"]
+    else:
+        assert isinstance(result["changed"], bool)
+
+
+def fuzz_args(valid, options, most=3):
+    """Arguments drawn from ``valid`` (a strategy of valid arguments) with up to ``most`` of ``options`` (name:
+    strategy) replaced by a fuzzed value, so that examples reach the module's body as well as its checks."""
+
+    @hs.composite
+    def build(draw):
+        args = dict(draw(valid))
+        for name in draw(hs.lists(hs.sampled_from(sorted(options)), max_size=most, unique=True)):
+            args[name] = draw(options[name])
+        return args
+
+    return build()

@@ -13,7 +13,19 @@ import threading
 
 import pytest
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import KubeApi, KubeError, check_label_key, label_value, parse_version
+from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
+    KubeApi,
+    KubeError,
+    check_label_key,
+    connect,
+    kubeconfig_secrets,
+    label_value,
+    open_api,
+    parse_version,
+    redact,
+    strip_userinfo,
+)
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import MASK, GpuopsError
 
 TOKEN = "good-token-value"
 
@@ -74,7 +86,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(name="server")
 def server_fixture():
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     Handler.seen = []
     yield "http://127.0.0.1:%d" % httpd.server_address[1]
@@ -82,13 +94,13 @@ def server_fixture():
     httpd.server_close()
 
 
-def kubeconfig(tmp_path, server, token=TOKEN):
+def kubeconfig(tmp_path, server, token=TOKEN, user=None):
     path = tmp_path / "kubeconfig"
     path.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
         "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
         "clusters": [{"name": "k", "cluster": {"server": server}}],
-        "users": [{"name": "u", "user": {"token": token}}]}))
+        "users": [{"name": "u", "user": user or {"token": token}}]}))
     return str(path)
 
 
@@ -185,3 +197,175 @@ def test_kubeconfig_paths_joined_like_kubeconfig_need_one_that_exists(tmp_path, 
     both = "%s:%s" % (tmp_path / "a", tmp_path / "b")
     with pytest.raises(KubeError, match="kubeconfig %s does not exist" % both):
         KubeApi(kubeconfig=both)
+
+
+# ---------------------------------------------------------------------------------------------
+# Credentials never reach a message; white space around a token is not part of it
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", ["\n", "\r\n", " \t\n"])
+def test_white_space_around_the_token_is_stripped(tmp_path, server, suffix):
+    """A token file's newline used to make every request fail with "Invalid header value b'Bearer <token>\\n'"."""
+    api = KubeApi(kubeconfig=kubeconfig(tmp_path, server, token=TOKEN + suffix))
+    assert api.version() == "v1.35.4"
+    # The client sets the token again before every request: the second one must be clean too.
+    assert [n["metadata"]["name"] for n in api.list_nodes()] == ["n1", "n2"]
+    assert api.requests == 3
+    assert TOKEN in api.secrets
+
+
+def test_a_token_file_with_a_newline_works(tmp_path, server):
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    api = KubeApi(kubeconfig=kubeconfig(tmp_path, server, user={"tokenFile": str(tmp_path / "token")}))
+    assert api.version() == "v1.35.4" and api.list_nodes()
+
+
+def test_a_line_break_inside_the_token_fails_without_it(tmp_path, server):
+    token = "sekrit-token-0123456789\ntail"
+    api = KubeApi(kubeconfig=kubeconfig(tmp_path, server, token=token))
+    with pytest.raises(KubeError) as exc:
+        api.version()
+    assert "holds a line break or another control character" in exc.value.msg
+    assert "sekrit" not in exc.value.msg and "Invalid header" not in exc.value.msg
+
+
+def test_the_userinfo_of_the_server_url_is_never_shown(tmp_path):
+    path = kubeconfig(tmp_path, "http://admin:pa%24%24-sekrit-word@127.0.0.1:9")
+    api = KubeApi(kubeconfig=path, request_timeout=5)
+    assert api.server == "http://127.0.0.1:9"
+    assert {"pa%24%24-sekrit-word", "pa$$-sekrit-word"} <= api.secrets
+    with pytest.raises(KubeError) as exc:
+        api.version()
+    assert exc.value.msg.startswith("cannot reach the API server at http://127.0.0.1:9 to read the server version")
+    assert "sekrit" not in exc.value.msg and "admin" not in exc.value.msg
+    assert "pa$$-sekrit-word" in exc.value.secrets
+
+
+def test_credentials_are_masked_in_the_clients_own_messages(tmp_path):
+    """The client quotes a whole user entry when a key is missing ("Expected key user in .../{'token': ...}")."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "token": SECRET}]}))
+    with pytest.raises(KubeError) as exc:
+        KubeApi(kubeconfig=str(path))
+    assert "Expected key user" in exc.value.msg and MASK in exc.value.msg
+    assert SECRET not in exc.value.msg and SECRET in exc.value.secrets
+
+
+def test_kubeconfig_secrets_finds_every_credential():
+    document = {
+        "clusters": [{"name": "k", "cluster": {"server": "https://u:url-pass-word@h:6443", "proxy-url": "http://p:proxy-pw@x"}}],
+        "users": [
+            {"name": "a", "user": {"token": "token-aaaa", "tokenFile": "/token/file/path"}},
+            {"name": "b", "user": {"username": "bob", "password": "password-bbbb"}},
+            {"name": "c", "user": {"client-certificate-data": "Q0VSVA==", "client-key-data": "S0VZLWRhdGE="}},
+            {"name": "d", "user": {"auth-provider": {"name": "oidc", "config": {
+                "id-token": "id-token-dddd", "refresh-token": "refresh-dddd", "client-secret": "client-secret-dddd",
+                "client-id": "the-client-id"}}}},
+            {"name": "e", "user": {"exec": {"command": "x", "env": [
+                {"name": "AWS_SECRET_ACCESS_KEY", "value": "aws-secret-eeee"}, {"name": "REGION", "value": "eu-west-1"}]}}},
+        ]}
+    found = kubeconfig_secrets(document)
+    for secret in ("url-pass-word", "u:url-pass-word", "proxy-pw", "token-aaaa", "password-bbbb", "S0VZLWRhdGE=",
+                   "id-token-dddd", "refresh-dddd", "client-secret-dddd", "aws-secret-eeee"):
+        assert secret in found, secret
+    for public in ("bob", "/token/file/path", "Q0VSVA==", "the-client-id", "eu-west-1", "https://u:url-pass-word@h:6443"):
+        assert public not in found, public
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("https://admin:pw@127.0.0.1:6443", "https://127.0.0.1:6443"),
+    ("https://admin:p@ss@host/path?x=1", "https://host/path?x=1"),
+    ("https://host:6443/a@b", "https://host:6443/a@b"),
+    ("https://host", "https://host"),
+    (None, None),
+])
+def test_strip_userinfo(url, expected):
+    assert strip_userinfo(url) == expected
+
+
+def test_redact_masks_every_form_of_a_secret():
+    secret = "sekrit\nline$"
+    text = "raw %s, repr %r, bytes %r, quoted %s, stripped %s, url https://u:x@h" % (
+        secret, secret, secret.encode(), "sekrit%0Aline%24", secret.strip())
+    shown = redact(text, {secret, "abc"})
+    assert "sekrit" not in shown and "u:x@" not in shown and "https://h" in shown
+    # Secrets shorter than 4 characters are not masked (they would mask half of every message).
+    assert redact("abc", {"abc"}) == "abc"
+
+
+def test_a_kubeconfig_from_the_environment_is_checked_and_named(tmp_path, monkeypatch):
+    """With no kubeconfig given, KUBECONFIG is read when the module runs (the client read it when imported)."""
+    bad = tmp_path / "from-env"
+    bad.write_text("users: [\n  {token: %s}\n" % SECRET)
+    monkeypatch.setenv("KUBECONFIG", str(bad))
+    with pytest.raises(KubeError, match=r"the kubeconfig %s is not valid YAML \(line 3, column 1\)" % bad) as exc:
+        KubeApi()
+    assert SECRET not in exc.value.msg
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(KubeError, match="kubeconfig %s \\(from KUBECONFIG\\) does not exist" % (tmp_path / "absent")):
+        KubeApi()
+    monkeypatch.delenv("KUBECONFIG")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(KubeError, match="kubeconfig %s \\(the default: none of kubeconfig, K8S_AUTH_KUBECONFIG, KUBECONFIG is set\\) "
+                       "does not exist" % (tmp_path / ".kube" / "config")):
+        KubeApi()
+
+
+def test_yaml_nested_too_deeply_is_not_valid_yaml(tmp_path):
+    path = tmp_path / "kubeconfig"
+    path.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(KubeError, match="the kubeconfig %s is not valid YAML \\(nested too deeply\\)" % path):
+        KubeApi(kubeconfig=str(path))
+
+
+@pytest.mark.parametrize("timeout, needle", [
+    (0, "request_timeout must be 1 to 3600 seconds, got 0; nothing was changed"),
+    (-1, "request_timeout must be 1 to 3600 seconds, got -1; nothing was changed"),
+    (3601, "request_timeout must be 1 to 3600 seconds, got 3601; nothing was changed"),
+    (10 ** 400, "request_timeout must be 1 to 3600 seconds, got a number of 401 digits; nothing was changed"),
+    (True, "request_timeout must be a whole number of seconds, got True"),
+    (1.5, "request_timeout must be a whole number of seconds, got 1.5"),
+])
+def test_request_timeout_out_of_range_is_refused(tmp_path, server, timeout, needle):
+    """0 used to become 30 silently, -1 to fail with urllib3's own validation text."""
+    path = kubeconfig(tmp_path, server)
+    with pytest.raises(GpuopsError) as exc:
+        connect({"kubeconfig": path, "request_timeout": timeout})
+    assert exc.value.msg.startswith(needle)
+    with pytest.raises(GpuopsError):
+        KubeApi(kubeconfig=path, request_timeout=timeout)
+    assert Handler.seen == []
+
+
+def test_request_timeout_default_and_bounds(tmp_path, server):
+    path = kubeconfig(tmp_path, server)
+    assert connect({"kubeconfig": path, "request_timeout": None}).timeout == 30
+    assert connect({"kubeconfig": path, "request_timeout": 1}).timeout == 1
+    assert connect({"kubeconfig": path, "request_timeout": 3600}).timeout == 3600
+
+
+class _Module:
+    def __init__(self, params):
+        self.params = params
+        self.no_log_values = set()
+
+
+def test_open_api_registers_the_credentials_with_the_module(tmp_path, server):
+    module = _Module({"kubeconfig": kubeconfig(tmp_path, server, token=SECRET + "\n"), "request_timeout": 5})
+    api = open_api(module)
+    assert SECRET in module.no_log_values and api.server == server
+    # Also when connecting fails: what was read is registered.
+    broken = tmp_path / "broken"
+    broken.write_text(json.dumps({"current-context": "c", "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                                  "clusters": [{"name": "k", "cluster": {"server": server}}],
+                                  "users": [{"name": "u", "password": "other-" + SECRET}]}))
+    module = _Module({"kubeconfig": str(broken), "request_timeout": 5})
+    with pytest.raises(KubeError) as exc:
+        open_api(module)
+    assert "other-" + SECRET in module.no_log_values and SECRET not in exc.value.msg
+    with pytest.raises(GpuopsError, match="request_timeout must be 1 to 3600 seconds, got 0"):
+        open_api(_Module({"kubeconfig": str(broken), "request_timeout": 0}))

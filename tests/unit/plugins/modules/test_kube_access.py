@@ -5,16 +5,31 @@
 
 from __future__ import annotations
 
+import json
 import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import KubeApi, KubeError
 from ansible_collections.gpuops.sandbox.plugins.modules import kube_access
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import FakeKube
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import (
+    GOOD_TOKEN,
+    SECRET,
+    SECRET_SCENARIOS,
+    FakeKube,
+    StubApiServer,
+    check_clean_end,
+    fuzz_args,
+    fuzz_values,
+    secret_kubeconfig,
+)
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
 
 
 def invoke(monkeypatch, fake, **args):
-    return call(monkeypatch, lambda: kube_access.run_module(kube_access.build_module(), api_factory=lambda p: fake), args)
+    return call(monkeypatch, lambda: kube_access.main(api_factory=lambda p: fake), args)
 
 
 def test_allowed(monkeypatch):
@@ -54,3 +69,60 @@ def test_unreachable_server_is_named(tmp_path):
     else:
         raise AssertionError("port 9 must not answer")
     assert os.path.exists(path)
+
+
+NOT_FINITE = ["inf", "-inf", "Infinity", "-Infinity", " +inf ", float("inf"), float("-inf"), "9" * 5000]
+
+
+@pytest.mark.parametrize("value", NOT_FINITE, ids=lambda value: repr(value)[:12])
+def test_request_timeout_not_finite_fails_naming_it(monkeypatch, value):
+    """These used to end in a traceback (OverflowError, ValueError) inside ansible-core's integer check."""
+    fake = FakeKube()
+    kind, result = invoke(monkeypatch, fake, request_timeout=value)
+    assert kind == "fail" and result["msg"].startswith("request_timeout=") and "nothing was changed" in result["msg"]
+    assert "Traceback" not in result["msg"] and fake.requests == 0
+
+
+@pytest.mark.parametrize("value, needle", [
+    (-1, "request_timeout must be 1 to 3600 seconds, got -1; nothing was changed"),
+    (0, "request_timeout must be 1 to 3600 seconds, got 0; nothing was changed"),
+    (3601, "request_timeout must be 1 to 3600 seconds, got 3601; nothing was changed"),
+    ("1e400", "request_timeout must be 1 to 3600 seconds, got a number of 401 digits; nothing was changed"),
+    ("nan", "request_timeout"),
+])
+def test_request_timeout_out_of_range_fails_before_any_request(monkeypatch, value, needle):
+    fake = FakeKube()
+    kind, result = invoke(monkeypatch, fake, request_timeout=value)
+    assert kind == "fail" and needle in result["msg"] and fake.requests == 0
+
+
+@pytest.mark.parametrize("scenario", sorted(SECRET_SCENARIOS))
+def test_no_failure_shows_a_credential(monkeypatch, tmp_path, scenario):
+    """Through the real client, every way a kubeconfig's credential can meet a failure: the secret is nowhere."""
+    with StubApiServer() as stub:
+        path = secret_kubeconfig(tmp_path, scenario, stub.url)
+        kind, result = call(monkeypatch, kube_access.main, dict(kubeconfig=path, request_timeout=5,
+                                                                permissions=[{"verb": "patch", "resource": "nodes"}]))
+    text = json.dumps(result)
+    assert kind == "fail" and SECRET_SCENARIOS[scenario] in result["msg"]
+    assert SECRET not in text and "S3cr3t" not in text and "admin:" not in text and "Invalid header" not in text
+    if SECRET_SCENARIOS[scenario] == "forbidden to":
+        # The token went out without the white space around it, and got as far as the permission check.
+        assert set(stub.authorizations) == {"Bearer " + GOOD_TOKEN}
+
+
+_PERMISSION = hs.fixed_dictionaries({"verb": hs.sampled_from(["patch", "get"]), "resource": hs.sampled_from(["nodes", "pods"])},
+                                    optional={"group": hs.sampled_from(["", "kubevirt.io"]), "namespace": hs.sampled_from(["kubevirt", None])})
+_PERMISSION_FUZZ = fuzz_args(_PERMISSION, dict((key, fuzz_values()) for key in ("verb", "resource", "group", "namespace", "bogus")), 2)
+_ARGS = fuzz_args(hs.fixed_dictionaries({"permissions": hs.lists(_PERMISSION, max_size=3)}), {
+    "permissions": hs.one_of(hs.lists(_PERMISSION_FUZZ, max_size=3), fuzz_values(["verb", "resource", "group", "namespace"])),
+    "request_timeout": hs.one_of(hs.integers(1, 3600), fuzz_values()), "context": fuzz_values(), "kubeconfig": fuzz_values(),
+    "bogus": fuzz_values()})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=_ARGS, denied=hs.booleans())
+def test_fuzz_arguments_end_cleanly(monkeypatch, args, denied):
+    fake = FakeKube(denied=[("patch", "nodes")] if denied else ())
+    kind, result = call(monkeypatch, lambda: kube_access.main(api_factory=lambda p: fake), args)
+    check_clean_end(kind, result)

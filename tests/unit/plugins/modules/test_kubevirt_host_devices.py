@@ -8,10 +8,23 @@ from __future__ import annotations
 import json
 
 import pytest
+from ansible.module_utils import basic
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import OWNED_ANNOTATION, workload_labels, PlanError
 from ansible_collections.gpuops.sandbox.plugins.modules import kubevirt_host_devices as khd
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import FakeKube
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import (
+    GOOD_TOKEN,
+    SECRET,
+    SECRET_SCENARIOS,
+    FakeKube,
+    StubApiServer,
+    check_clean_end,
+    fuzz_args,
+    fuzz_values,
+    secret_kubeconfig,
+)
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
 
 A10 = {"address": "0000:65:00.0", "vendor": "10de", "device": "2236", "is_vf": False,
@@ -44,7 +57,7 @@ def kubevirt(phd=None, gates=None, version="v1.6.0", disabled=None):
 
 def invoke(monkeypatch, fake, hosts=None, **extra):
     args = dict(hosts=HOSTS if hosts is None else hosts, **extra)
-    return call(monkeypatch, lambda: khd.run_module(khd.build_module(), api_factory=lambda p: fake), args)
+    return call(monkeypatch, lambda: khd.main(api_factory=lambda p: fake), args)
 
 
 def test_generates_merges_and_keeps_user_entries(monkeypatch):
@@ -178,14 +191,17 @@ def test_workload_labels():
         workload_labels("gpu")
 
 
-def test_advertised_names_are_reported_and_used_when_asked(monkeypatch, capsys):
+def test_advertised_names_are_reported_and_used_when_asked(monkeypatch):
+    # module.warn prints only on a controller (ansible-core 2.19): record the warnings instead of reading stderr.
+    warnings = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, warning, **kwargs: warnings.append(warning))
     hosts = [{"name": "p", "workload_type": "vm-passthrough", "gpus": [A10]}]
     advertising = {"metadata": {"name": "p"}, "status": {"allocatable": {"nvidia.com/GA102GL_A10_24GB": "2"}}}
     fake = FakeKube(nodes=[advertising], kubevirts=[kubevirt()])
     kind, result = invoke(monkeypatch, fake, hosts=hosts)
     assert kind == "exit" and result["advertised"]["checked_nodes"] == ["p"]
     assert result["advertised"]["unadvertised"] == [PCI] and result["advertised"]["renamed"] == {}
-    assert "names a resource no node advertises" in capsys.readouterr().err
+    assert any("names a resource no node advertises" in warning for warning in warnings)
     kind, result = invoke(monkeypatch, fake, hosts=hosts, use_advertised_names=True)
     assert kind == "exit" and result["advertised"]["renamed"] == {"nvidia.com/GA102GL_A10": "nvidia.com/GA102GL_A10_24GB"}
     assert result["advertised"]["unadvertised"] == []
@@ -206,3 +222,137 @@ def test_plugin_pci_ids_names_from_the_users_file(monkeypatch, tmp_path):
     assert result["permitted_host_devices"]["pciHostDevices"][0]["resourceName"] == "nvidia.com/GA102GL_A10_NEW_NAME"
     kind, result = invoke(monkeypatch, fake, hosts=[HOSTS[1]], plugin_pci_ids=str(tmp_path / "missing"))
     assert kind == "fail" and "cannot read plugin_pci_ids" in result["msg"] and "missing" in result["msg"]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "Infinity", " -Infinity", float("inf"), "9" * 5000],
+                         ids=lambda value: repr(value)[:12])
+def test_request_timeout_not_finite_fails_naming_it(monkeypatch, value):
+    """These used to end in a traceback inside ansible-core's integer check."""
+    fake = FakeKube(kubevirts=[kubevirt()])
+    kind, result = invoke(monkeypatch, fake, request_timeout=value)
+    assert kind == "fail" and result["msg"].startswith("request_timeout=") and "nothing was changed" in result["msg"]
+    assert fake.requests == 0
+
+
+@pytest.mark.parametrize("value, needle", [
+    (-1, "request_timeout must be 1 to 3600 seconds, got -1; nothing was changed"),
+    (0, "request_timeout must be 1 to 3600 seconds, got 0; nothing was changed"),
+    (3601, "request_timeout must be 1 to 3600 seconds, got 3601; nothing was changed"),
+    ("1e400", "request_timeout must be 1 to 3600 seconds, got a number of 401 digits; nothing was changed"),
+])
+def test_request_timeout_out_of_range_fails_before_any_request(monkeypatch, value, needle):
+    fake = FakeKube(kubevirts=[kubevirt()])
+    kind, result = invoke(monkeypatch, fake, request_timeout=value)
+    assert kind == "fail" and needle in result["msg"] and fake.requests == 0 and fake.patches == []
+
+
+def _gpu(**changes):
+    gpu = dict(A10)
+    for key, value in changes.items():
+        if value is _GONE:
+            gpu.pop(key)
+        else:
+            gpu[key] = value
+    return gpu
+
+
+_GONE = object()
+
+
+@pytest.mark.parametrize("gpus, mdev_parents, needle", [
+    ([_gpu(device=_GONE)], [], "hosts[0] (p) gpus[0] has no device"),
+    ([A10, _gpu(vendor=_GONE)], [], "hosts[0] (p) gpus[1] has no vendor"),
+    ([_gpu(device=2236)], [], "hosts[0] (p) gpus[0].device is 2236, not 4 hex digits"),
+    ([_gpu(vendor=["10de"])], [], "hosts[0] (p) gpus[0].vendor is ['10de'], not 4 hex digits"),
+    ([_gpu(device="22")], [], "hosts[0] (p) gpus[0].device is '22', not 4 hex digits"),
+    ([_gpu(is_vf="no")], [], "hosts[0] (p) gpus[0].is_vf is 'no', not a boolean"),
+    ([_gpu(physfn=["0000:65:00.0"])], [], "hosts[0] (p) gpus[0].physfn is ['0000:65:00.0'], not a string"),
+    ([_gpu(mdev_types="NVIDIA A10-4Q")], [], "hosts[0] (p) gpus[0].mdev_types is 'NVIDIA A10-4Q', not a list"),
+    ([_gpu(mdev_types=["NVIDIA A10-4Q"])], [], "hosts[0] (p) gpus[0].mdev_types[0] is 'NVIDIA A10-4Q', not a mapping"),
+    ([_gpu(mdev_types=[{"name": {"x": 1}}])], [], "hosts[0] (p) gpus[0].mdev_types[0].name is {'x': 1}, not a string"),
+    ([_gpu(vgpu=[])], [], "hosts[0] (p) gpus[0].vgpu is [], not a mapping"),
+    ([_gpu(vgpu={"current_type": [1]})], [], "hosts[0] (p) gpus[0].vgpu.current_type is [1], not an integer"),
+    ([_gpu(vgpu={"creatable_types": [{"id": True, "name": "x"}]})], [],
+     "hosts[0] (p) gpus[0].vgpu.creatable_types[0].id is True, not a string or an integer"),
+    ([], [{"name": "mtty", "types": "Single port serial"}], "hosts[0] (p) mdev_parents[0].types is 'Single port serial', not a list"),
+    ([], [{"name": "mtty", "types": [{"name": 5}]}], "hosts[0] (p) mdev_parents[0].types[0].name is 5, not a string"),
+])
+def test_gpu_entries_it_cannot_read_fail_naming_the_entry(monkeypatch, gpus, mdev_parents, needle):
+    """An entry without device used to end in KeyError, a non-string value in AttributeError."""
+    fake = FakeKube(kubevirts=[kubevirt()])
+    hosts = [{"name": "p", "workload_type": "vm-passthrough", "gpus": gpus, "mdev_parents": mdev_parents}]
+    kind, result = invoke(monkeypatch, fake, hosts=hosts)
+    assert kind == "fail" and needle in result["msg"] and "nothing was changed" in result["msg"]
+    assert "gpuops.sandbox.gpu_facts" in result["msg"]
+    assert fake.requests == 0 and fake.patches == []
+
+
+def test_every_bad_entry_is_named_at_once(monkeypatch):
+    hosts = [{"name": "p", "workload_type": "vm-passthrough", "gpus": [A10, _gpu(device=_GONE)]},
+             {"name": "v", "workload_type": "vm-vgpu", "gpus": [_gpu(vendor=None, mdev_types=[{"name": 1}])]}]
+    kind, result = invoke(monkeypatch, FakeKube(kubevirts=[kubevirt()]), hosts=hosts)
+    assert kind == "fail"
+    for needle in ("hosts[0] (p) gpus[1] has no device", "hosts[1] (v) gpus[0] has no vendor",
+                   "hosts[1] (v) gpus[0].mdev_types[0].name is 1, not a string"):
+        assert needle in result["msg"]
+
+
+@pytest.mark.parametrize("ids, needle", [
+    (["10de", "nvidia"], "pci_vendor_ids: 'nvidia' is not a PCI vendor ID"),
+    (["0x10de"], "pci_vendor_ids: '0x10de' is not a PCI vendor ID"),
+])
+def test_bad_vendor_ids_fail_before_any_request(monkeypatch, ids, needle):
+    fake = FakeKube(kubevirts=[kubevirt()])
+    kind, result = invoke(monkeypatch, fake, pci_vendor_ids=ids)
+    assert kind == "fail" and needle in result["msg"] and fake.requests == 0
+
+
+def test_bad_resource_names_fail_before_any_request(monkeypatch):
+    fake = FakeKube(kubevirts=[kubevirt()])
+    kind, result = invoke(monkeypatch, fake, resource_names={"10de:22": "nvidia.com/X"})
+    assert kind == "fail" and "resource name override key '10de:22' is not valid" in result["msg"] and fake.requests == 0
+
+
+@pytest.mark.parametrize("scenario", sorted(SECRET_SCENARIOS))
+def test_no_failure_shows_a_credential(monkeypatch, tmp_path, scenario):
+    """Through the real client, every way a kubeconfig's credential can meet a failure: the secret is nowhere."""
+    with StubApiServer() as stub:
+        path = secret_kubeconfig(tmp_path, scenario, stub.url)
+        kind, result = call(monkeypatch, khd.main, dict(kubeconfig=path, request_timeout=5, hosts=HOSTS))
+    text = json.dumps(result)
+    assert kind == "fail" and SECRET_SCENARIOS[scenario] in result["msg"]
+    assert SECRET not in text and "S3cr3t" not in text and "admin:" not in text and "Invalid header" not in text
+    if SECRET_SCENARIOS[scenario] == "forbidden to":
+        assert set(stub.authorizations) == {"Bearer " + GOOD_TOKEN}
+
+
+_KEYS = ["vendor", "device", "is_vf", "physfn", "address", "mdev_types", "vgpu", "creatable_types", "current_type",
+         "id", "name", "resource_name", "types"]
+_VF = dict(A10, address="0000:65:00.4", device="2237", is_vf=True, physfn="0000:65:00.0", mdev_types=[],
+           vgpu={"creatable_types": [{"id": 1155, "name": "NVIDIA L40S-1B"}], "current_type": 1155})
+_GPU = fuzz_args(hs.sampled_from([A10, A10_VGPU, _VF]), dict((key, fuzz_values(_KEYS)) for key in _KEYS), 1)
+_HOST = fuzz_args(hs.sampled_from(HOSTS + [{"name": "d", "workload_type": "dra"}]), {
+    "name": fuzz_values(), "workload_type": hs.one_of(hs.sampled_from(["container", "vm-passthrough", "vm-vgpu", "dra"]), fuzz_values()),
+    "gpus": hs.one_of(hs.lists(_GPU, max_size=3), fuzz_values(_KEYS)),
+    "mdev_parents": hs.one_of(hs.lists(hs.fixed_dictionaries({"types": fuzz_values(_KEYS)}), max_size=2), fuzz_values(_KEYS)),
+    "vgpu_type_names": fuzz_values(), "bogus": fuzz_values()}, 2)
+_ARGS = fuzz_args(hs.fixed_dictionaries({"hosts": hs.lists(hs.sampled_from(HOSTS), min_size=1, max_size=3)}), {
+    "hosts": hs.one_of(hs.lists(_HOST, max_size=3), fuzz_values(_KEYS)),
+    "namespace": hs.one_of(hs.sampled_from(["", "kubevirt", "other"]), fuzz_values()), "name": fuzz_values(),
+    "pci_vendor_ids": fuzz_values(), "kubevirt_version": hs.one_of(hs.sampled_from(["v1.8.2", "1.9", "x"]), fuzz_values()),
+    "disable_mdev_configuration": fuzz_values(), "feature_gates": fuzz_values(), "prune": fuzz_values(),
+    "resource_names": fuzz_values(["10de:2236", "2236"]), "check_advertised": fuzz_values(),
+    "use_advertised_names": fuzz_values(), "plugin_pci_ids": hs.sampled_from(["/nonexistent/gpuops/pci.ids"]),
+    "request_timeout": fuzz_values(), "context": fuzz_values(), "bogus": fuzz_values()})
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=_ARGS, check=hs.booleans(), version=hs.sampled_from(["v1.6.0", "v1.8.2", "", "garbage"]))
+def test_fuzz_arguments_end_cleanly(monkeypatch, args, check, version):
+    advertising = {"metadata": {"name": "p"}, "status": {"allocatable": {"nvidia.com/GA102GL_A10_24GB": "2"}}}
+    fake = FakeKube(nodes=[advertising], kubevirts=[kubevirt({"pciHostDevices": [USER]}, version=version)])
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, warning, **kwargs: None)
+    kind, result = call(monkeypatch, lambda: khd.main(api_factory=lambda p: fake), dict(args, _ansible_check_mode=check))
+    check_clean_end(kind, result)
+    if kind == "fail" or check:
+        assert fake.patches == []

@@ -8,10 +8,22 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import OWNED_LABELS_ANNOTATION as OWNED
 from ansible_collections.gpuops.sandbox.plugins.modules import node_labels
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import FakeKube
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import (
+    GOOD_TOKEN,
+    SECRET,
+    SECRET_SCENARIOS,
+    FakeKube,
+    StubApiServer,
+    check_clean_end,
+    fuzz_args,
+    fuzz_values,
+    secret_kubeconfig,
+)
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
 
 WL = "nvidia.com/gpu.workload.config"
@@ -27,7 +39,7 @@ def node(name, labels=None, taints=None, owned=None):
 
 def invoke(monkeypatch, fake, nodes, **extra):
     args = dict(nodes=nodes, **extra)
-    return call(monkeypatch, lambda: node_labels.run_module(node_labels.build_module(), api_factory=lambda p: fake), args)
+    return call(monkeypatch, lambda: node_labels.main(api_factory=lambda p: fake), args)
 
 
 def test_labels_set_and_stale_label_removed(monkeypatch):
@@ -199,3 +211,109 @@ def test_a_bad_release_to_key_fails_before_anything(monkeypatch):
     fake = FakeKube([node("a", {WL: "dra"}, owned={WL: "dra"})])
     kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "container"}, "release_to": {"bad key!": "true"}}])
     assert kind == "fail" and "bad key!" in result["msg"] and fake.patches == []
+
+
+@pytest.mark.parametrize("option, value", [
+    ("request_timeout", "inf"), ("request_timeout", "-inf"), ("request_timeout", "Infinity"),
+    ("request_timeout", float("inf")), ("request_timeout", "9" * 5000),
+    ("parallel", "inf"), ("parallel", "-Infinity"), ("parallel", float("-inf")), ("parallel", "9" * 5000),
+], ids=lambda value: repr(value)[:12])
+def test_not_finite_integers_fail_naming_the_option(monkeypatch, option, value):
+    """These used to end in a traceback inside ansible-core's integer check."""
+    fake = FakeKube([node("a")])
+    kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "container"}}], **{option: value})
+    assert kind == "fail" and result["msg"].startswith(option + "=") and "nothing was changed" in result["msg"]
+    assert fake.requests == 0 and fake.patches == []
+
+
+@pytest.mark.parametrize("option, value, needle", [
+    ("request_timeout", -1, "request_timeout must be 1 to 3600 seconds, got -1; nothing was changed"),
+    ("request_timeout", 0, "request_timeout must be 1 to 3600 seconds, got 0; nothing was changed"),
+    ("request_timeout", 3601, "request_timeout must be 1 to 3600 seconds, got 3601; nothing was changed"),
+    ("parallel", 0, "parallel must be 1 to 32 patches in flight, got 0; nothing was changed"),
+    ("parallel", -3, "parallel must be 1 to 32 patches in flight, got -3; nothing was changed"),
+    ("parallel", 33, "parallel must be 1 to 32 patches in flight, got 33; nothing was changed"),
+    ("parallel", "1e400", "parallel must be 1 to 32 patches in flight, got a number of 401 digits; nothing was changed"),
+    ("parallel", True, "parallel must be a whole number of patches in flight, got True"),
+])
+def test_out_of_range_integers_fail_before_any_request(monkeypatch, option, value, needle):
+    """request_timeout 0 used to become 30 and parallel 0 to become 1, silently; -1 got a client library's dump."""
+    fake = FakeKube([node("a")])
+    kind, result = invoke(monkeypatch, fake, [{"name": "a", "labels": {WL: "container"}}], **{option: value})
+    assert kind == "fail" and needle in result["msg"]
+    assert fake.requests == 0 and fake.patches == []
+
+
+def test_the_largest_parallel_works(monkeypatch):
+    fake = FakeKube([node("n%d" % i) for i in range(40)])
+    kind, result = invoke(monkeypatch, fake, [{"name": "n%d" % i, "labels": {WL: "container"}} for i in range(40)],
+                          parallel=32, request_timeout=3600)
+    assert kind == "exit" and len(result["changed_nodes"]) == 40
+
+
+def test_an_unexpected_error_in_one_patch_rolls_back_the_others(monkeypatch):
+    class Broken(FakeKube):
+        def patch_node(self, name, patch):
+            if name == "b" and "labels" in (patch.get("metadata") or {}) and patch["metadata"]["labels"].get(WL):
+                raise TypeError("something odd")
+            return FakeKube.patch_node(self, name, patch)
+
+    fake = Broken([node(n, {WL: "vm-vgpu"}) for n in "abc"])
+    kind, result = invoke(monkeypatch, fake, [{"name": n, "labels": {WL: "container"}} for n in "abc"])
+    assert kind == "fail" and "node b: TypeError: something odd" in result["msg"]
+    assert "rolled back the 2 nodes" in result["msg"]
+    assert [fake.nodes[n]["metadata"]["labels"][WL] for n in "abc"] == ["vm-vgpu"] * 3
+
+
+@pytest.mark.parametrize("scenario", sorted(SECRET_SCENARIOS))
+def test_no_failure_shows_a_credential(monkeypatch, tmp_path, scenario):
+    """Through the real client, every way a kubeconfig's credential can meet a failure: the secret is nowhere."""
+    with StubApiServer() as stub:
+        path = secret_kubeconfig(tmp_path, scenario, stub.url)
+        kind, result = call(monkeypatch, node_labels.main, dict(kubeconfig=path, request_timeout=5,
+                                                                nodes=[{"name": "a", "labels": {WL: "container"}}]))
+    text = json.dumps(result)
+    assert kind == "fail" and SECRET_SCENARIOS[scenario] in result["msg"]
+    assert SECRET not in text and "S3cr3t" not in text and "admin:" not in text and "Invalid header" not in text
+    if SECRET_SCENARIOS[scenario] == "forbidden to":
+        assert set(stub.authorizations) == {"Bearer " + GOOD_TOKEN}
+
+
+_KEYS = ["name", "labels", "release_to", "taints", "key", "value", "effect", WL, "nvidia.com/x"]
+_LABELS = hs.dictionaries(hs.sampled_from([WL, VG, "nvidia.com/gpu.deploy.dcgm", "x.example/y"]),
+                          hs.sampled_from(["container", "vm-passthrough", "A10-4Q", True, False, 3, None]), max_size=3)
+_TAINT = hs.fixed_dictionaries({"key": hs.sampled_from(["nvidia.com/x", "nvidia.com/gpu.workload", "dedicated"]),
+                                "effect": hs.sampled_from(["NoSchedule", "NoExecute", "PreferNoSchedule"])},
+                               optional={"value": hs.sampled_from(["vm", "ml", None])})
+_NODE = hs.fixed_dictionaries({"name": hs.sampled_from(["a", "b", "ghost"])},
+                              optional={"labels": _LABELS, "release_to": _LABELS, "taints": hs.lists(_TAINT, max_size=2)})
+_NODE_FUZZ = fuzz_args(_NODE, {
+    "name": fuzz_values(), "labels": hs.one_of(hs.dictionaries(hs.sampled_from([WL, "bad key!", "Bad/x"]), fuzz_values(), max_size=2),
+                                               fuzz_values(_KEYS)),
+    "release_to": fuzz_values(_KEYS), "taints": hs.one_of(hs.lists(fuzz_args(_TAINT, dict((k, fuzz_values()) for k in ("key", "value", "effect")), 1),
+                                                                   max_size=2), fuzz_values(_KEYS)),
+    "bogus": fuzz_values()}, 2)
+_ARGS = fuzz_args(hs.fixed_dictionaries({"nodes": hs.lists(_NODE, max_size=3)}), {
+    "nodes": hs.one_of(hs.lists(_NODE_FUZZ, max_size=3), fuzz_values(_KEYS)),
+    "taint_key_prefixes": fuzz_values(), "missing_nodes": hs.one_of(hs.sampled_from(["fail", "ignore"]), fuzz_values()),
+    "parallel": hs.one_of(hs.integers(1, 32), fuzz_values()), "request_timeout": fuzz_values(), "context": fuzz_values(),
+    "bogus": fuzz_values()})
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=_ARGS, check=hs.booleans(), fail_patch=hs.booleans())
+def test_fuzz_arguments_end_cleanly(monkeypatch, args, check, fail_patch):
+    fake = FakeKube([node("a", {WL: "vm-vgpu"}), node("b", taints=[{"key": "nvidia.com/x", "effect": "NoSchedule"}])],
+                    fail_patch=["b"] if fail_patch else ())
+    before = _state(fake)
+    kind, result = call(monkeypatch, lambda: node_labels.main(api_factory=lambda p: fake), dict(args, _ansible_check_mode=check))
+    check_clean_end(kind, result)
+    if kind == "fail" or check:
+        # A failure changes nothing (or rolls back what it patched); check mode patches nothing.
+        assert _state(fake) == before
+
+
+def _state(fake):
+    """Labels, annotations and taints of every node (an empty map is the same as none, as on an API server)."""
+    return dict((name, (n["metadata"].get("labels") or {}, n["metadata"].get("annotations") or {}, n["spec"].get("taints") or []))
+                for name, n in fake.nodes.items())
