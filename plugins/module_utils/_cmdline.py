@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import unicodedata
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
@@ -34,11 +35,13 @@ GRUB_LINUX = "GRUB_CMDLINE_LINUX"
 GRUB_LINUX_DEFAULT = "GRUB_CMDLINE_LINUX_DEFAULT"
 GRUB_VARS = (GRUB_LINUX, GRUB_LINUX_DEFAULT)
 
-KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:=/+@%~-]+$")
+# Whole-string patterns (used with fullmatch): "$" would also match before a trailing newline.
+KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+KEY_CHAR_RE = re.compile(r"[A-Za-z0-9_.-]")
+VALUE_RE = re.compile(r"[A-Za-z0-9_.,:=/+@%~-]+")
 ACCEPTED_TEXT = (
-    "a string KEY or KEY=VALUE, where KEY is letters, digits, '_', '-' and '.' (not starting with '-' or '.') "
-    "and VALUE is letters, digits and any of _ . , : = / + @ % ~ -"
+    "a string KEY or KEY=VALUE, where KEY is ASCII letters, digits, '_', '-' and '.' (not starting with '-' or '.') "
+    "and VALUE is ASCII letters, digits and any of _ . , : = / + @ % ~ -, with no whitespace or control characters"
 )
 # Tokens the boot loader adds by itself and which never belong in a configuration file.
 LOADER_TOKENS = ("BOOT_IMAGE", "initrd")
@@ -99,11 +102,21 @@ def _describe(value):
     return kind
 
 
+def _bad_characters(text, char_re):
+    """The characters of ``text`` that ``char_re`` does not accept, shown one by one (repr), sorted."""
+    bad = sorted(set(ch for ch in text if not char_re.fullmatch(ch)))
+    shown = ", ".join(repr(ch) for ch in bad)
+    if any(unicodedata.category(ch).startswith("C") for ch in bad):
+        shown += "; control and invisible characters (a newline, a tab, ...) are never part of a kernel argument"
+    return shown
+
+
 def parse_arg(item):
     """Validate one user argument and return a KernelArg; raise CmdlineError naming the bad value.
 
     The text ends up inside a shell-sourced grub defaults file and on boot loader command lines, so
-    only a conservative character set is accepted; quoting is never attempted.
+    only a conservative character set is accepted (the whole text: a trailing newline is refused too);
+    quoting is never attempted.
     """
     if not isinstance(item, str):
         hint = ""
@@ -114,16 +127,16 @@ def parse_arg(item):
     if item == "":
         raise CmdlineError("kernel argument '' is empty; accepted: %s" % ACCEPTED_TEXT)
     key, sep, value = item.partition("=")
-    if not KEY_RE.match(key):
-        raise CmdlineError("kernel argument %r has an unsafe or invalid key %r; accepted: %s"
-                           % (item, key, ACCEPTED_TEXT))
+    if not KEY_RE.fullmatch(key):
+        bad = _bad_characters(key, KEY_CHAR_RE)
+        raise CmdlineError("kernel argument %r has an unsafe or invalid key %r%s; accepted: %s"
+                           % (item, key, " (characters not accepted: %s)" % bad if bad else "", ACCEPTED_TEXT))
     if sep and not value:
         raise CmdlineError("kernel argument %r has '=' but no value; give KEY=VALUE, or KEY alone for a flag"
                            % (item,))
-    if sep and not VALUE_RE.match(value):
-        bad = sorted(set(ch for ch in value if not VALUE_RE.match(ch)))
+    if sep and not VALUE_RE.fullmatch(value):
         raise CmdlineError("kernel argument %r contains characters that are not accepted (%s); accepted: %s"
-                           % (item, ", ".join(repr(ch) for ch in bad), ACCEPTED_TEXT))
+                           % (item, _bad_characters(value, VALUE_RE), ACCEPTED_TEXT))
     return KernelArg(item)
 
 

@@ -161,20 +161,47 @@ def platform_vendor(tables, cpu):
     return cpu.get("vendor")
 
 
-def kernel_argument_fix(vendor, flags):
-    """Return the sentence telling how to turn the IOMMU on from the kernel command line."""
+def kernel_args_to_add(vendor):
+    """The kernel arguments that turn the IOMMU on for DMA remapping with host devices in passthrough mode.
+
+    Intel needs ``intel_iommu=on`` (off by default on most distribution kernels). AMD needs no argument:
+    the kernel enables AMD-Vi by default when the firmware provides the IVRS table, and ``amd_iommu`` has
+    no ``on`` value (it takes ``off``, ``force_isolation``, ``fullflush``, ``pgtbl_v1``, ...).
+    ``iommu=pt`` keeps the host's own devices in passthrough mode on both.
+    """
     if vendor == "intel":
-        wanted = "intel_iommu=on iommu=pt"
-    elif vendor == "amd":
-        wanted = "amd_iommu=on iommu=pt"
-    else:
-        wanted = "intel_iommu=on (Intel) or amd_iommu=on (AMD), plus iommu=pt,"
+        return ["intel_iommu=on", "iommu=pt"]
+    return ["iommu=pt"]
+
+
+AMD_DEFAULT_NOTE = ("the kernel enables AMD-Vi by itself when the firmware provides the IVRS table; "
+                    "there is no amd_iommu=on")
+
+
+def kernel_argument_fix(vendor, flags, tables=None):
+    """Return the sentence telling how to turn the IOMMU on: firmware setting and/or kernel arguments.
+
+    ``tables`` are the IOMMU ACPI tables present (None when unknown); on AMD a missing IVRS table means
+    the IOMMU is off in the firmware, which no kernel argument can change.
+    """
     offending = ["%s=%s" % (key, flags[key]) for key in ("intel_iommu", "amd_iommu", "iommu")
                  if key in flags and flags[key] in ("off", "0")]
-    text = "add %s to the kernel command line and reboot" % wanted
-    if offending:
-        text = "remove %s from the kernel command line, %s" % (" ".join(offending), text)
-    return text
+    removal = "remove %s from the kernel command line, " % " ".join(offending) if offending else ""
+    wanted = " ".join(kernel_args_to_add(vendor))
+    if vendor == "intel":
+        return "%sadd %s to the kernel command line and reboot" % (removal, wanted)
+    if vendor == "amd":
+        steps = []
+        if tables is not None and "IVRS" not in tables:
+            steps.append("enable the IOMMU in the BIOS/UEFI setup (named IOMMU or AMD-Vi, often next to SVM Mode) "
+                         "so that the firmware provides the IVRS ACPI table")
+        elif not offending:
+            steps.append("the firmware provides the IVRS table, so check that the kernel is built with "
+                         "CONFIG_AMD_IOMMU and look for AMD-Vi errors in dmesg")
+        steps.append("%sadd %s to the kernel command line and reboot (%s)" % (removal, wanted, AMD_DEFAULT_NOTE))
+        return "; ".join(steps)
+    return ("%sadd %s to the kernel command line, plus intel_iommu=on on Intel, and reboot (on AMD %s)"
+            % (removal, wanted, AMD_DEFAULT_NOTE))
 
 
 def iommu_state(root="/"):
@@ -226,6 +253,6 @@ def iommu_problems(state):
         problems.append({
             "item": "iommu_groups",
             "reason": "/sys/kernel/iommu_groups is empty: the kernel has not enabled the IOMMU",
-            "fix": kernel_argument_fix(vendor, state.get("cmdline_flags") or {}),
+            "fix": kernel_argument_fix(vendor, state.get("cmdline_flags") or {}, state.get("firmware_tables")),
         })
     return problems

@@ -43,9 +43,9 @@ IOMMU_GROUPS = "/sys/kernel/iommu_groups"
 MDEV_BUS_CLASS = "/sys/class/mdev_bus"
 SANDBOX_RESOURCE_PREFIX = "nvidia.com/"
 
-_HEX4_RE = re.compile(r"^[0-9a-f]{4}$")
-_VENDOR_SELECTOR_RE = re.compile(r"^(?:0x)?([0-9a-f]{4})(?::(?:0x)?([0-9a-f]{4}))?$")
-_CLASS_SELECTOR_RE = re.compile(r"^(?:0x)?([0-9a-f]{2}|[0-9a-f]{4}|[0-9a-f]{6})$")
+_HEX4_RE = re.compile(r"\A[0-9a-f]{4}\Z")
+_VENDOR_SELECTOR_RE = re.compile(r"\A(?:0x)?([0-9a-f]{4})(?::(?:0x)?([0-9a-f]{4}))?\Z")
+_CLASS_SELECTOR_RE = re.compile(r"\A(?:0x)?([0-9a-f]{2}|[0-9a-f]{4}|[0-9a-f]{6})\Z")
 _PCI_IDS_VENDOR_RE = re.compile(r"^([0-9a-fA-F]{4})\s+(.*\S)\s*$")
 _PCI_IDS_DEVICE_RE = re.compile(r"^\t([0-9a-fA-F]{4})\s+(.*\S)\s*$")
 _PCI_IDS_SUBSYS_RE = re.compile(r"^\t\t([0-9a-fA-F]{4})\s+([0-9a-fA-F]{4})\s+(.*\S)\s*$")
@@ -56,6 +56,11 @@ _PCI_IDS_PROGIF_RE = re.compile(r"^\t\t([0-9a-fA-F]{2})\s+(.*\S)\s*$")
 
 class SelectorError(SysfsError):
     """A vendor, class or address selector given by the caller is malformed."""
+
+
+def _is_number(text):
+    """True for a non-empty run of ASCII digits (str.isdigit also accepts superscripts, which int() refuses)."""
+    return text.isascii() and text.isdigit()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +307,7 @@ def list_functions(root="/"):
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return []
         raise SysfsError("cannot list %s: %s" % (PCI_DEVICES, exc.strerror or exc), path=top)
-    return sorted(name.lower() for name in names if PCI_ADDRESS_RE.match(name))
+    return sorted(name.lower() for name in names if PCI_ADDRESS_RE.fullmatch(name))
 
 
 def read_identity(address, root="/"):
@@ -344,7 +349,7 @@ def iommu_groups(root="/"):
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return []
         raise SysfsError("cannot list %s: %s" % (IOMMU_GROUPS, exc.strerror or exc), path=top)
-    return sorted(int(name) for name in names if name.isdigit())
+    return sorted(int(name) for name in names if _is_number(name))
 
 
 def iommu_group_members(group, root="/"):
@@ -363,7 +368,7 @@ def iommu_group_members(group, root="/"):
         raise SysfsError("cannot list %s: %s" % (rel, exc.strerror or exc), path=top)
     members = []
     for name in names:
-        if PCI_ADDRESS_RE.match(name):
+        if PCI_ADDRESS_RE.fullmatch(name):
             member = read_identity(name, root)
             member["pci"] = True
         else:
@@ -413,8 +418,8 @@ def device_viability(address, root="/"):
         addr = normalize_pci_address(address)
         return {"group": None, "viable": False, "members": [], "blockers": [{
             "address": addr, "driver": None, "class": None,
-            "reason": "%s has no IOMMU group: the IOMMU is not enabled (enable VT-d/AMD-Vi in the firmware "
-                      "and boot with intel_iommu=on or amd_iommu=on)" % addr,
+            "reason": "%s has no IOMMU group: the IOMMU is not enabled (enable VT-d/AMD-Vi in the firmware; "
+                      "on Intel also boot with intel_iommu=on, AMD-Vi is on by default)" % addr,
         }]}
     return group_viability(group, root)
 
@@ -429,7 +434,7 @@ def sriov_info(address, root="/"):
         raise SysfsError("cannot list %s: %s" % (devdir, exc.strerror or exc), path=devdir)
     indexed = []
     for entry in entries:
-        if entry.startswith("virtfn") and entry[6:].isdigit():
+        if entry.startswith("virtfn") and _is_number(entry[6:]):
             target = link_name(os.path.join(devdir, entry))
             if target:
                 indexed.append((int(entry[6:]), target.lower()))
@@ -498,7 +503,7 @@ def mdev_parents(root="/"):
         pdir = os.path.join(top, name)
         parents.append({
             "name": name,
-            "address": name.lower() if PCI_ADDRESS_RE.match(name) else None,
+            "address": name.lower() if PCI_ADDRESS_RE.fullmatch(name) else None,
             "sysfs_path": _sysfs_rel(root, pdir),
             "types": read_mdev_types(pdir),
         })
@@ -513,7 +518,7 @@ def parse_creatable_vgpu_types(text):
             continue
         left, right = line.split(":", 1)
         left = left.strip()
-        if not left.isdigit():
+        if not _is_number(left):
             continue
         types.append({"id": int(left), "name": right.strip()})
     return types
@@ -649,7 +654,7 @@ def find_holders(device_paths, root="/"):
         return []
     proc = host_path(root, "/proc")
     try:
-        pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+        pids = sorted(int(name) for name in os.listdir(proc) if _is_number(name))
     except (IOError, OSError) as exc:
         raise SysfsError("cannot list /proc: %s" % (exc.strerror or exc), path=proc)
     found = set()

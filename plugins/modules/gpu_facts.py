@@ -371,7 +371,8 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._mdev import list_mdev_devices
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, create_module, run_module
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTOR_ARGUMENT_SPEC,
     SELECTOR_MUTUALLY_EXCLUSIVE,
@@ -381,6 +382,9 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     select_functions,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
+
+# Host root for everything this module reads. Only unit tests point it elsewhere.
+ROOT = "/"
 
 # include_all selects every function, so it excludes the other selectors too.
 SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
@@ -392,7 +396,8 @@ SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
 
 def build_module():
     """Create the AnsibleModule; the argument spec does the validation it can."""
-    return AnsibleModule(
+    return create_module(
+        AnsibleModule,
         argument_spec=dict(
             **SELECTOR_ARGUMENT_SPEC,
             include_all=dict(type="bool", default=False),
@@ -582,21 +587,17 @@ def sriov_counts(root="/"):
     return counts
 
 
-def run_module(module, root="/"):
-    """Gather the facts and exit (or fail with a message naming the problem); never raises."""
+def facts(module, root="/"):
+    """The module's body: return the result with the facts, or raise GpuopsError naming the problem."""
     try:
-        facts = gather(module.params, root=root)
-    except SysfsError as exc:
-        module.fail_json(msg=exc.msg)
-        return
+        gathered = gather(module.params, root=root)
     except (OSError, ValueError) as exc:
-        module.fail_json(msg="cannot gather GPU facts: %s" % exc)
-        return
-    module.exit_json(changed=False, ansible_facts=facts)
+        raise GpuopsError("cannot gather GPU facts: %s" % exc) from exc
+    return {"changed": False, "ansible_facts": gathered}
 
 
 def main():
-    run_module(build_module())
+    run_module(build_module, facts, root=ROOT)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ options:
     description:
       - Fail unless the IOMMU is enabled (C(/sys/kernel/iommu_groups) is not empty). The message says
         whether the firmware table is missing (BIOS/UEFI setting) or the kernel argument.
+      - On Intel the advice is C(intel_iommu=on iommu=pt). On AMD the kernel enables AMD-Vi by default
+        when the firmware provides the IVRS table (C(amd_iommu) has no C(on) value), so the advice is to
+        enable the IOMMU in the BIOS/UEFI setup when the IVRS table is missing, to remove C(amd_iommu=off)
+        or C(iommu=off) when present, and C(iommu=pt).
     type: bool
     default: false
   require_iommufd:
@@ -189,7 +193,8 @@ iommu:
       sample: intel
     problems:
       description: What stops the IOMMU being usable, each with C(item) (C(cpu_virtualization),
-        C(firmware_table) or C(iommu_groups)), C(reason) and C(fix); empty when usable.
+        C(firmware_table) or C(iommu_groups)), C(reason) and C(fix) (the firmware setting and/or kernel
+        arguments to change, never C(amd_iommu=on), which the kernel does not have); empty when usable.
       type: list
       elements: dict
       sample:
@@ -270,7 +275,7 @@ unmet:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, create_module, run_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTOR_ARGUMENT_SPEC,
     SELECTOR_MUTUALLY_EXCLUSIVE,
@@ -279,6 +284,9 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     select_functions,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
+
+# Host root for everything this module reads. Only unit tests point it elsewhere.
+ROOT = "/"
 
 # include_all selects every function, so it excludes the other selectors too.
 SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
@@ -290,7 +298,8 @@ SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
 
 def build_module():
     """Create the AnsibleModule; the argument spec does the validation it can."""
-    return AnsibleModule(
+    return create_module(
+        AnsibleModule,
         argument_spec=dict(
             **SELECTOR_ARGUMENT_SPEC,
             include_all=dict(type="bool", default=False),
@@ -397,24 +406,23 @@ def _viability_message(state, problems, devices):
             % " | ".join(reasons))
 
 
-def run_module(module, root="/"):
-    """Run the checks and exit, or fail naming the unmet requirements; never raises."""
+def report(module, root="/"):
+    """The module's body: return the report, or raise GpuopsError naming the unmet requirements.
+
+    The failure carries the whole report as result keys, so a play can still read it.
+    """
     try:
         result, failures = check(module.params, root=root)
-    except SysfsError as exc:
-        module.fail_json(msg=exc.msg)
-        return
     except (OSError, ValueError) as exc:
-        module.fail_json(msg="cannot check the IOMMU state: %s" % exc)
-        return
+        raise GpuopsError("cannot check the IOMMU state: %s" % exc) from exc
     if failures:
-        module.fail_json(msg=". ".join(failures), changed=False, **result)
-        return
-    module.exit_json(changed=False, **result)
+        raise GpuopsError(". ".join(failures), **result)
+    result["changed"] = False
+    return result
 
 
 def main():
-    run_module(build_module())
+    run_module(build_module, report, root=ROOT)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ options:
     description:
       - Kernel arguments, each a string C(KEY) (a flag such as C(quiet)) or C(KEY=VALUE).
       - "C(KEY) may hold letters, digits, C(_), C(-) and C(.), and may not start with C(-) or C(.);
-        C(VALUE) may hold letters, digits and C(_ . , : = / + @ % ~ -). Anything else (whitespace,
-        quotes, C($), backticks, C(;), backslashes, an empty string, a YAML boolean or null) is refused
-        before any file is read or written, because the text ends up in a file a shell sources."
+        C(VALUE) may hold letters, digits and C(_ . , : = / + @ % ~ -) (ASCII only). Anything else
+        (whitespace including a trailing newline, control characters, quotes, C($), backticks, C(;),
+        backslashes, non-ASCII letters, an empty string, a YAML boolean or null) is refused before any
+        file is read or written, because the text ends up in a file a shell sources."
       - Keys are compared the way the kernel compares them, with C(-) and C(_) equal.
       - The list may not be empty. Exact repeats are merged.
       - Items are typed C(raw) on purpose so that an unquoted YAML C(on), C(yes) or C(~) is reported as
@@ -80,7 +81,7 @@ options:
     description:
       - Seconds each command (C(grubby), C(update-grub), C(grub-mkconfig), C(grub2-mkconfig)) may run
         before it is stopped and treated as failed. Uses C(timeout) from coreutils when installed.
-      - V(0) means no limit.
+      - V(0) means no limit; at most V(86400) (one day). Booleans are refused.
     type: int
     default: 300
 notes:
@@ -145,7 +146,7 @@ EXAMPLES = r"""
 - name: Force the systemd-boot backend (/etc/kernel/cmdline)
   gpuops.sandbox.kernel_cmdline:
     arguments:
-      - amd_iommu=on
+      - iommu=pt
     backend: kernel_cmdline_file
 """
 
@@ -208,14 +209,12 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     BLS_ENTRIES_DIR,
     GRUB_DEFAULTS,
     GRUB_DROPIN_DIR,
     GRUB_VARS,
     KERNEL_CMDLINE_FILE,
-    CmdlineError,
     apply_args,
     bls_entry_files,
     evaluate_grub_defaults,
@@ -236,7 +235,13 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     split_cmdline,
     strip_loader_tokens,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
+    TIMEOUT_RC,
+    GpuopsError,
+    check_range,
+    create_module,
+    run_module,
+)
 
 # Host root for every file this module touches. Only unit tests point it elsewhere.
 HOST_ROOT = "/"
@@ -246,13 +251,13 @@ ORIGIN = "gpuops.sandbox.kernel_cmdline"
 GRUB2_GENERATED = ("/boot/grub2/grubenv", "/boot/grub2/grub.cfg", KERNEL_CMDLINE_FILE)
 
 
-class ModuleFailure(GpuopsError):
-    """A failure to report with fail_json; ``extra`` holds additional result keys."""
+# timeout(1) exits with TIMEOUT_RC when the command ran out of time, and with 128 + SIGKILL (137) when the
+# command also ignored SIGTERM and was killed --kill-after seconds later.
+KILLED_AFTER_TIMEOUT_RC = 137
+MAX_COMMAND_TIMEOUT = 86400
 
-    def __init__(self, msg, **extra):
-        super().__init__(msg)
-        self.msg = msg
-        self.extra = extra
+# The failures of this module: GpuopsError, whose ``extra`` holds further result keys (rc, rolled_back, ...).
+ModuleFailure = GpuopsError
 
 
 class Plan:
@@ -299,7 +304,12 @@ class Context:
         return path
 
     def which(self, name, required=False):
-        return self.module.get_bin_path(name, required=required)
+        """The path of command ``name``, or None; with ``required``, a missing command is a failure."""
+        path = self.module.get_bin_path(name)
+        if required and not path:
+            raise ModuleFailure("%s is needed but not installed (not found in PATH or the sbin directories); "
+                                "nothing changed" % name)
+        return path
 
 
 def run(ctx, argv):
@@ -309,7 +319,7 @@ def run(ctx, argv):
     if timeout_bin:
         full = [timeout_bin, "--kill-after=10", str(ctx.timeout)] + full
     rc, out, err = ctx.module.run_command(full, environ_update={"LC_ALL": "C"}, expand_user_and_vars=False)
-    if timeout_bin and rc in (124, 137):
+    if timeout_bin and rc in (TIMEOUT_RC, KILLED_AFTER_TIMEOUT_RC):
         err = (err or "") + "\n%s did not finish within %d seconds (command_timeout)" % (argv[0], ctx.timeout)
     return rc, out, err
 
@@ -662,7 +672,9 @@ def reboot_required(ctx, changed):
     return not ctx.satisfied(running)
 
 
-def run_module(module, root="/"):
+def ensure(module, root="/"):
+    """The module's body: return the result, or raise GpuopsError (files already rolled back)."""
+    check_range("command_timeout", module.params["command_timeout"], 0, MAX_COMMAND_TIMEOUT, "seconds (0 for no limit)")
     ctx = Context(module, root)
     backend = module.params["backend"]
     if backend == "auto":
@@ -725,23 +737,7 @@ def build_module():
 
 
 def main():
-    module = build_module()
-    if module.params["command_timeout"] < 0:
-        module.fail_json(msg="command_timeout must be 0 (no limit) or a positive number of seconds, got %d"
-                         % module.params["command_timeout"])
-    try:
-        result = run_module(module, HOST_ROOT)
-    except CmdlineError as exc:
-        module.fail_json(msg=exc.msg, changed=False)
-    except ModuleFailure as exc:
-        module.fail_json(msg=exc.msg, changed=False, **exc.extra)
-    except (OSError, IOError, UnicodeError) as exc:
-        module.fail_json(msg="kernel_cmdline failed: %s" % exc, changed=False)
-    except Exception as exc:  # pylint: disable=broad-exception-caught
-        # Last resort so that a bug shows as a message, never as a traceback; files are rolled back in execute().
-        module.fail_json(msg="kernel_cmdline failed unexpectedly (%s: %s); please report this"
-                         % (type(exc).__name__, exc), changed=False)
-    module.exit_json(**result)
+    run_module(build_module, ensure, HOST_ROOT)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,28 @@ def test_parse_arg_rejects_and_names_value(bad, fragment):
     assert "accepted" in info.value.msg or "no value" in info.value.msg
 
 
+@pytest.mark.parametrize("bad, fragment", [
+    ("iommu=pt\n", "('\\n'; control and invisible characters"),
+    ("quiet\n", "invalid key 'quiet\\n' (characters not accepted: '\\n'; control"),
+    ("intel_iommu=on\r\n", "'\\n', '\\r'; control"),
+    ("a=b\x00", "'\\x00'; control"),
+    ("a=\x1b[1m", "'\\x1b', '['; control"),
+    ("a\tb", "'\\t'; control"),
+    ("a=b\x7f", "'\\x7f'; control"),
+    ("a=b\u200b", "'\\u200b'; control"),
+    ("a=b\u2028", "'\\u2028'"),
+    ("iommu=p\u00e9", "('\u00e9')"),
+    ("\u00e9=1", "invalid key"),
+])
+def test_trailing_newline_and_control_characters_refused(bad, fragment):
+    """``re.match`` with ``$`` let 'iommu=pt\\n' through: it was then written into /etc/kernel/cmdline."""
+    with pytest.raises(cl.CmdlineError) as info:
+        cl.parse_arg(bad)
+    assert "kernel argument %r" % bad in info.value.msg
+    assert fragment in info.value.msg, info.value.msg
+    assert info.value.msg.endswith("accepted: " + cl.ACCEPTED_TEXT)
+
+
 def test_parse_args_duplicates():
     assert [a.text for a in args(["iommu=pt", "iommu=pt", "quiet"])] == ["iommu=pt", "quiet"]
     with pytest.raises(cl.CmdlineError, match="replace_values=false"):
@@ -277,7 +299,9 @@ def test_shell_reader_never_crashes(text):
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=40), st.booleans(), st.none(), st.integers(), st.floats(),
-                 st.lists(st.text(max_size=3), max_size=2)))
+                 st.lists(st.text(max_size=3), max_size=2),
+                 st.builds(lambda word, tail: word + tail, st.from_regex(r"\A[a-z_]{1,6}(=[a-z0-9]{1,4})?\Z"),
+                           st.sampled_from(["\n", "\r\n", "\r", "\x00", "\t", "\x0b", "\x85", "\u2028", "\x7f"]))))
 def test_parse_arg_total(item):
     try:
         arg = cl.parse_arg(item)
@@ -286,4 +310,5 @@ def test_parse_arg_total(item):
         return
     assert isinstance(item, str)
     assert not any(ch in item for ch in " \t\n\"'$`;\\")
+    assert item.isascii() and item.isprintable()
     assert arg.text == item

@@ -95,7 +95,10 @@ def test_state_amd_without_firmware_table_or_virt(tmp_path):
     assert state["problems"][0]["fix"] == ("enable Intel VT-x or AMD-V (SVM) in the BIOS/UEFI setup (for a VM, "
                                            "expose the host CPU features to it)")
     assert state["problems"][1]["fix"] == "enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the BIOS/UEFI setup"
-    assert state["problems"][2]["fix"] == "add amd_iommu=on iommu=pt to the kernel command line and reboot"
+    assert state["problems"][2]["fix"] == (
+        "enable the IOMMU in the BIOS/UEFI setup (named IOMMU or AMD-Vi, often next to SVM Mode) so that the firmware "
+        "provides the IVRS ACPI table; add iommu=pt to the kernel command line and reboot (the kernel enables AMD-Vi "
+        "by itself when the firmware provides the IVRS table; there is no amd_iommu=on)")
 
 
 def test_firmware_table_decides_vendor(tmp_path):
@@ -106,8 +109,50 @@ def test_firmware_table_decides_vendor(tmp_path):
 
 def test_unknown_vendor_fix():
     assert _iommu.kernel_argument_fix(None, {"iommu": "off"}) == (
-        "remove iommu=off from the kernel command line, add intel_iommu=on (Intel) or amd_iommu=on (AMD), "
-        "plus iommu=pt, to the kernel command line and reboot")
+        "remove iommu=off from the kernel command line, add iommu=pt to the kernel command line, plus intel_iommu=on "
+        "on Intel, and reboot (on AMD the kernel enables AMD-Vi by itself when the firmware provides the IVRS table; "
+        "there is no amd_iommu=on)")
+
+
+@pytest.mark.parametrize("vendor, expected", [("intel", ["intel_iommu=on", "iommu=pt"]), ("amd", ["iommu=pt"]),
+                                              (None, ["iommu=pt"])])
+def test_kernel_args_to_add_never_propose_amd_iommu_on(vendor, expected):
+    """amd_iommu has no 'on' value (off, force_isolation, fullflush, pgtbl_v1, ...): AMD-Vi is on by default."""
+    assert _iommu.kernel_args_to_add(vendor) == expected
+
+
+@pytest.mark.parametrize("flags", [{}, {"amd_iommu": "off"}, {"iommu": "off"}, {"amd_iommu": "on"}, {"intel_iommu": "off"}])
+@pytest.mark.parametrize("vendor", ["amd", None, "intel"])
+@pytest.mark.parametrize("tables", [None, [], ["IVRS"], ["DMAR"]])
+def test_fix_never_tells_to_add_amd_iommu_on(vendor, flags, tables):
+    fix = _iommu.kernel_argument_fix(vendor, flags, tables)
+    assert "add amd_iommu=on" not in fix and "amd_iommu=on iommu=pt" not in fix and "or amd_iommu=on" not in fix
+    assert "iommu=pt" in fix and fix.endswith(("reboot", ")"))
+
+
+def test_amd_fix_depends_on_the_ivrs_table_and_the_command_line():
+    firmware = _iommu.kernel_argument_fix("amd", {}, [])
+    assert firmware.startswith("enable the IOMMU in the BIOS/UEFI setup (named IOMMU or AMD-Vi, often next to SVM Mode)")
+    kernel = _iommu.kernel_argument_fix("amd", {}, ["IVRS"])
+    assert kernel.startswith("the firmware provides the IVRS table, so check that the kernel is built with "
+                             "CONFIG_AMD_IOMMU")
+    removal = _iommu.kernel_argument_fix("amd", {"amd_iommu": "off", "iommu": "pt"}, ["IVRS"])
+    assert removal.startswith("remove amd_iommu=off from the kernel command line, add iommu=pt to the kernel command "
+                              "line and reboot")
+    both = _iommu.kernel_argument_fix("amd", {"iommu": "off"}, [])
+    assert both.startswith("enable the IOMMU in the BIOS/UEFI setup") and "; remove iommu=off from" in both
+
+
+def test_state_amd_with_ivrs_but_no_groups(tmp_path):
+    tree = st.SysfsTree(tmp_path)
+    tree.set_cpuinfo(st.CPUINFO_AMD)
+    tree.set_cmdline("ro amd_iommu=off")
+    tree.set_iommu(table="IVRS", units=(), iommufd=False)
+    state = _iommu.iommu_state(tree.root)
+    assert [p["item"] for p in state["problems"]] == ["iommu_groups"]
+    assert state["problems"][0]["fix"] == (
+        "remove amd_iommu=off from the kernel command line, add iommu=pt to the kernel command line and reboot (the "
+        "kernel enables AMD-Vi by itself when the firmware provides the IVRS table; there is no amd_iommu=on)")
 
 
 def test_empty_root_reports_everything_missing(tmp_path):

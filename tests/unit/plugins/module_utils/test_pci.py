@@ -190,8 +190,9 @@ def test_iommu_off_means_no_group_and_not_viable(tmp_path):
     result = _pci.device_viability(st.A10, tree.root)
     assert result["viable"] is False
     assert result["blockers"][0]["reason"] == (
-        "0000:65:00.0 has no IOMMU group: the IOMMU is not enabled (enable VT-d/AMD-Vi in the firmware and "
-        "boot with intel_iommu=on or amd_iommu=on)")
+        "0000:65:00.0 has no IOMMU group: the IOMMU is not enabled (enable VT-d/AMD-Vi in the firmware; on Intel "
+        "also boot with intel_iommu=on, AMD-Vi is on by default)")
+    assert "amd_iommu=on" not in result["blockers"][0]["reason"]
 
 
 def test_bad_group_link(host, root):
@@ -258,6 +259,27 @@ def test_vendor_specific_vgpu(root):
     assert _pci.vgpu_info(st.L40S_VFS[1], root) == {"creatable_types": [], "current_type": 1161}
     assert _pci.vgpu_info(st.L40S, root) is None
     assert _pci.vgpu_info(st.A100_VFS[0], root) is None
+
+
+def test_numbers_in_sysfs_names_are_ascii_digits_only():
+    # "\u00b2".isdigit() is True but int() refuses it: such a line is junk, not a crash.
+    assert _pci.parse_creatable_vgpu_types("\u00b2 : NVIDIA L40S-1B\n\u0661 : x\n1155 : NVIDIA L40S-2B\n") == [
+        {"id": 1155, "name": "NVIDIA L40S-2B"}]
+
+
+@pytest.mark.parametrize("vendors, classes", [(["10de\n"], None), (None, ["0302\n"]), (["10de:2236\n"], ["03\n"])])
+def test_selectors_are_stripped_then_matched_whole(root, vendors, classes):
+    """Surrounding whitespace (a trailing newline included) is stripped; the rest must match as a whole."""
+    assert _pci.select_functions(root=root, vendors=vendors, classes=classes) == _pci.select_functions(
+        root=root, vendors=[v.strip() for v in vendors] if vendors else None,
+        classes=[c.strip() for c in classes] if classes else None)
+
+
+@pytest.mark.parametrize("bad", ["10de\n0", "10de\x00", "1\uff10de", "10de:22\u0663\u0666"])
+def test_vendor_selector_with_inner_control_or_non_ascii_is_refused(bad):
+    with pytest.raises(_pci.SelectorError) as info:
+        _pci.parse_vendor_selectors([bad])
+    assert repr(bad) in info.value.msg
 
 
 def test_parse_creatable_vgpu_types_ignores_header_and_junk():

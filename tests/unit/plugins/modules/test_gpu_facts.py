@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import functools
 import pathlib
 
 import pytest
@@ -24,13 +23,13 @@ def host(tmp_path):
     return st.build_gpu_host(tmp_path)
 
 
-def run(monkeypatch, root, args):
-    return call(monkeypatch, lambda: gpu_facts.run_module(gpu_facts.build_module(), root=root), args)
-
-
 def run_main(monkeypatch, root, args):
-    monkeypatch.setattr(gpu_facts, "run_module", functools.partial(gpu_facts.run_module, root=root))
+    """Run the module through main(), its only entry point, on the tree at ``root``."""
+    monkeypatch.setattr(gpu_facts, "ROOT", root)
     return call(monkeypatch, gpu_facts.main, args)
+
+
+run = run_main
 
 
 def test_defaults_select_nvidia_gpus_and_change_nothing(monkeypatch, host):
@@ -134,6 +133,16 @@ def test_os_error_is_a_clean_failure(monkeypatch, host):
     assert (kind, result["msg"]) == ("fail", "cannot gather GPU facts: [Errno 5] Input/output error")
 
 
+def test_a_bug_is_a_message_not_a_traceback(monkeypatch, host):
+    def bug(*_args, **_kwargs):
+        raise TypeError("'NoneType' object is not subscriptable")
+    monkeypatch.setattr(gpu_facts, "host_summary", bug)
+    kind, result = run(monkeypatch, host.root, {})
+    assert kind == "fail" and result["changed"] is False
+    assert result["msg"].endswith(" failed unexpectedly (TypeError: 'NoneType' object is not subscriptable); "
+                                  "please report this")
+
+
 def test_main_runs(monkeypatch, host):
     kind, result = run_main(monkeypatch, host.root, {"vendors": ["10de:2236"]})
     assert kind == "exit"
@@ -159,8 +168,11 @@ def fuzz_root(tmp_path_factory):
     return st.build_gpu_host(tmp_path_factory.mktemp("fuzz")).root
 
 
-_LEAF = (hs.none() | hs.booleans() | hs.integers() | hs.floats(allow_nan=False, allow_infinity=False)
-         | hs.text(alphabet=hs.characters(blacklist_categories=("Cs",)), max_size=12)
+# Values that break naive parsing: non-finite and huge numbers, booleans as text, a trailing newline, non-ASCII.
+HOSTILE = ["inf", "-inf", "nan", "Infinity", "1e400", "9" * 40, "-" + "9" * 30, "10de\n", st.A10 + "\n", "0302\n",
+           "\n", "10d\u00e9", "\uff11\uff10de", "0000:65:00.\u0660", "yes", "on", "~"]
+_LEAF = (hs.none() | hs.booleans() | hs.integers() | hs.integers(min_value=10 ** 30) | hs.floats()
+         | hs.text(alphabet=hs.characters(blacklist_categories=("Cs",)), max_size=12) | hs.sampled_from(HOSTILE)
          | hs.sampled_from(["10de", "10de:2236", "1a03:2000", st.A10, "65:00.1", "0000:99:00.0", "030200",
                             "0302", "03", "", "yes", "no"]))
 _VALUES = hs.recursive(_LEAF, lambda inner: hs.lists(inner, max_size=4)
@@ -169,7 +181,7 @@ _RANDOM_ARGS = hs.dictionaries(hs.sampled_from(OPTIONS + ["bogus"]), _VALUES, ma
 # Well-typed arguments reach the selection and sysfs code rather than stopping at argument validation.
 _SELECTOR = hs.lists(hs.sampled_from(["10de", "10de:2236", "1a03", "8086:347a", "0x10de", "10de:", "", "03",
                                       "0302", "030200", "060400", "zz", st.A10, "65:00.1", "0000:99:00.0",
-                                      "0000:65:00.8"]) | hs.text(max_size=9), max_size=3)
+                                      "0000:65:00.8"] + HOSTILE) | hs.text(max_size=9), max_size=3)
 _TYPED_ARGS = hs.fixed_dictionaries({}, optional={
     name: (hs.booleans() if name.startswith(("include", "require")) else _SELECTOR) for name in OPTIONS})
 _ARGS = hs.one_of(_RANDOM_ARGS, _TYPED_ARGS)
@@ -182,6 +194,7 @@ def test_fuzz_every_input_ends_in_exit_or_fail(monkeypatch, fuzz_root, args):
     assert kind in ("exit", "fail")
     if kind == "fail":
         assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"] and "unexpectedly" not in result["msg"]
     else:
         assert result["changed"] is False
 
@@ -195,6 +208,7 @@ def test_fuzz_typed_arguments_never_raise_and_change_nothing(monkeypatch, fuzz_r
         assert isinstance(result["ansible_facts"]["gpuops_gpus"], list)
     else:
         assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"] and "unexpectedly" not in result["msg"]
 
 
 def _write(root, path, text):

@@ -266,7 +266,8 @@ def test_module_returns_gpuops_host(monkeypatch, host):
     host.write("/etc/os-release", DEBIAN)
     host.write("/proc/sys/kernel/osrelease", "6.1.0-18-amd64\n")
     before = host.snapshot()
-    kind, result = call(monkeypatch, lambda: gpu_facts.run_module(gpu_facts.build_module(), root=host.root), {})
+    monkeypatch.setattr(gpu_facts, "ROOT", host.root)
+    kind, result = call(monkeypatch, gpu_facts.main, {})
     assert kind == "exit" and result["changed"] is False
     facts = result["ansible_facts"]
     assert sorted(facts) == ["gpuops_gpus", "gpuops_host", "gpuops_iommu", "gpuops_mdev_parents", "gpuops_pci_ids"]

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
@@ -36,13 +34,13 @@ def host_off(tmp_path):
     return st.build_gpu_host(tmp_path, iommu=False, cmdline="BOOT_IMAGE=/vmlinuz ro intel_iommu=off")
 
 
-def run(monkeypatch, root, args):
-    return call(monkeypatch, lambda: iommu_check.run_module(iommu_check.build_module(), root=root), args)
-
-
 def run_main(monkeypatch, root, args):
-    monkeypatch.setattr(iommu_check, "run_module", functools.partial(iommu_check.run_module, root=root))
+    """Run the module through main(), its only entry point, on the tree at ``root``."""
+    monkeypatch.setattr(iommu_check, "ROOT", root)
     return call(monkeypatch, iommu_check.main, args)
+
+
+run = run_main
 
 
 def test_report_on_gpu_host(monkeypatch, host):
@@ -125,14 +123,38 @@ def test_require_iommu_without_firmware_table(monkeypatch, tmp_path):
     st.os.unlink(tree.path("/sys/firmware/acpi/tables/DMAR"))
     kind, result = run(monkeypatch, tree.root, {"require_iommu": True, "require_viable": True})
     assert kind == "fail"
+    fix = ("enable the IOMMU in the BIOS/UEFI setup (named IOMMU or AMD-Vi, often next to SVM Mode) so that the "
+           "firmware provides the IVRS ACPI table; add iommu=pt to the kernel command line and reboot (the kernel "
+           "enables AMD-Vi by itself when the firmware provides the IVRS table; there is no amd_iommu=on)")
     assert result["msg"] == (
         "the IOMMU is required but not enabled: /sys/kernel/iommu_groups is empty; no DMAR/IVRS ACPI table was "
-        "found, so first enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the BIOS/UEFI setup; fix: add "
-        "amd_iommu=on iommu=pt to the kernel command line and reboot. passthrough viability is required but "
-        "the IOMMU is not enabled, so no device has an IOMMU group (0000:65:00.0, 0000:b1:00.0, 0000:b1:00.4, "
-        "0000:b1:00.5, 0000:cb:00.0, 0000:cb:00.4, 0000:cb:00.5); fix: add amd_iommu=on iommu=pt to the kernel "
-        "command line and reboot")
+        "found, so first enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the BIOS/UEFI setup; fix: %s. passthrough "
+        "viability is required but the IOMMU is not enabled, so no device has an IOMMU group (0000:65:00.0, "
+        "0000:b1:00.0, 0000:b1:00.4, 0000:b1:00.5, 0000:cb:00.0, 0000:cb:00.4, 0000:cb:00.5); fix: %s" % (fix, fix))
     assert result["unmet"] == ["require_iommu", "require_viable"]
+    assert "amd_iommu=on " not in result["msg"] and "add amd_iommu" not in result["msg"]
+
+
+@pytest.mark.parametrize("cmdline, fix", [
+    ("ro", "the firmware provides the IVRS table, so check that the kernel is built with CONFIG_AMD_IOMMU and look for "
+           "AMD-Vi errors in dmesg; add iommu=pt to the kernel command line and reboot (the kernel enables AMD-Vi by "
+           "itself when the firmware provides the IVRS table; there is no amd_iommu=on)"),
+    ("ro amd_iommu=off", "remove amd_iommu=off from the kernel command line, add iommu=pt to the kernel command line "
+                         "and reboot (the kernel enables AMD-Vi by itself when the firmware provides the IVRS table; "
+                         "there is no amd_iommu=on)"),
+])
+def test_amd_host_with_ivrs_is_never_told_amd_iommu_on(monkeypatch, tmp_path, cmdline, fix):
+    """amd_iommu has no 'on' value: AMD-Vi is on by default when the firmware has the IVRS table."""
+    tree = st.build_gpu_host(tmp_path, iommu=False, cpuinfo=st.CPUINFO_AMD, cmdline=cmdline)
+    st.os.unlink(tree.path("/sys/firmware/acpi/tables/DMAR"))
+    tree.set_iommu(table="IVRS", units=(), iommufd=False)
+    kind, result = run(monkeypatch, tree.root, {"require_iommu": True})
+    assert kind == "fail"
+    assert result["firmware_table"] == "IVRS"
+    assert result["iommu"]["platform_vendor"] == "amd"
+    assert result["msg"] == ("the IOMMU is required but not enabled: /sys/kernel/iommu_groups is empty; the firmware "
+                             "describes an IOMMU (IVRS table); fix: %s" % fix)
+    assert [p["fix"] for p in result["iommu"]["problems"]] == [fix]
 
 
 def test_require_cpu_virtualization_and_iommufd(monkeypatch, tmp_path):
@@ -180,6 +202,23 @@ def test_os_error_is_a_clean_failure(monkeypatch, host):
     assert (kind, result["msg"]) == ("fail", "cannot check the IOMMU state: [Errno 13] Permission denied")
 
 
+def test_a_bug_is_a_message_not_a_traceback(monkeypatch, host):
+    def bug(*_args, **_kwargs):
+        raise KeyError("members")
+    monkeypatch.setattr(iommu_check, "device_viability", bug)
+    kind, result = run(monkeypatch, host.root, {})
+    assert kind == "fail" and result["changed"] is False
+    assert "failed unexpectedly (KeyError: 'members'); please report this" in result["msg"]
+
+
+def test_failure_keeps_the_report_as_result_keys(monkeypatch, host_off):
+    kind, result = run(monkeypatch, host_off.root, {"require_iommu": True, "vendors": ["10de:2236"]})
+    assert kind == "fail" and result["changed"] is False
+    assert result["iommu"]["problems"][0]["item"] == "iommu_groups"
+    assert [dev["address"] for dev in result["devices"]] == [st.A10]
+    assert result["all_viable"] is False and result["iommu_enabled"] is False
+
+
 def test_main_runs_in_check_mode(monkeypatch, host):
     kind, result = run_main(monkeypatch, host.root, {"_ansible_check_mode": True, "require_iommu": True})
     assert kind == "exit"
@@ -204,8 +243,11 @@ def fuzz_root(tmp_path_factory):
     return st.build_gpu_host(tmp_path_factory.mktemp("fuzz")).root
 
 
-_LEAF = (hs.none() | hs.booleans() | hs.integers() | hs.floats(allow_nan=False, allow_infinity=False)
-         | hs.text(alphabet=hs.characters(blacklist_categories=("Cs",)), max_size=12)
+# Values that break naive parsing: non-finite and huge numbers, booleans as text, a trailing newline, non-ASCII.
+HOSTILE = ["inf", "-inf", "nan", "Infinity", "1e400", "9" * 40, "-" + "9" * 30, "10de\n", st.A10 + "\n", "0302\n",
+           "\n", "10d\u00e9", "\uff11\uff10de", "0000:65:00.\u0660", "yes", "on", "~"]
+_LEAF = (hs.none() | hs.booleans() | hs.integers() | hs.integers(min_value=10 ** 30) | hs.floats()
+         | hs.text(alphabet=hs.characters(blacklist_categories=("Cs",)), max_size=12) | hs.sampled_from(HOSTILE)
          | hs.sampled_from(["10de", "10de:2236", st.A10, st.A10_AUDIO, "bb:00.0", "030200", "true", "off", ""]))
 _VALUES = hs.recursive(_LEAF, lambda inner: hs.lists(inner, max_size=4)
                        | hs.dictionaries(hs.text(max_size=4), inner, max_size=3), max_leaves=8)
@@ -213,7 +255,7 @@ _RANDOM_ARGS = hs.dictionaries(hs.sampled_from(OPTIONS + ["bogus"]), _VALUES, ma
 # Well-typed arguments reach the selection and sysfs code rather than stopping at argument validation.
 _SELECTOR = hs.lists(hs.sampled_from(["10de", "10de:2236", "1a03", "8086:347a", "0x10de", "10de:", "", "03",
                                       "0302", "030200", "060400", "zz", st.A10, "65:00.1", "0000:99:00.0",
-                                      "0000:65:00.8"]) | hs.text(max_size=9), max_size=3)
+                                      "0000:65:00.8"] + HOSTILE) | hs.text(max_size=9), max_size=3)
 _TYPED_ARGS = hs.fixed_dictionaries({}, optional={
     name: (hs.booleans() if name.startswith(("include", "require")) else _SELECTOR) for name in OPTIONS})
 _ARGS = hs.one_of(_RANDOM_ARGS, _TYPED_ARGS)
@@ -226,4 +268,5 @@ def test_fuzz_every_input_ends_in_exit_or_fail(monkeypatch, fuzz_root, args):
     assert kind in ("exit", "fail")
     if kind == "fail":
         assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"] and "unexpectedly" not in result["msg"]
     assert result.get("changed", False) is False

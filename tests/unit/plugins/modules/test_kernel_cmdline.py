@@ -137,12 +137,12 @@ done
 """
 
 
-class AnsibleExitJson(Exception):
-    pass
+class AnsibleExitJson(SystemExit):
+    """exit_json was called (a SystemExit, as the real exit_json's, so no ``except Exception`` hides it)."""
 
 
-class AnsibleFailJson(Exception):
-    pass
+class AnsibleFailJson(SystemExit):
+    """fail_json was called (a SystemExit, as the real fail_json's)."""
 
 
 def _exit_json(self, **kwargs):
@@ -426,7 +426,8 @@ def test_unrelated_args_keep_order(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["foo=$(id)", "a b", 'x="y"', "x='y'", "a=1;reboot", "a=`id`", "a=b\\c",
-                                 "a=b\nc", "", True, None, 3, "iommu="])
+                                 "a=b\nc", "", True, None, 3, "iommu=", "iommu=pt\n", "quiet\n", "a=b\x00",
+                                 "a=\x1b[1m", "a\tb", "iommu=p\u00e9"])
 def test_unsafe_args_rejected_nothing_changed(tmp_path, bad):
     host = debian_host(tmp_path)
     snap = host.snapshot()
@@ -436,6 +437,22 @@ def test_unsafe_args_rejected_nothing_changed(tmp_path, bad):
     assert host.snapshot() == snap
     assert host.calls() == []
     assert "Traceback" not in result["msg"]
+
+
+@pytest.mark.parametrize("backend", ["grub", "kernel_cmdline_file", "auto"])
+@pytest.mark.parametrize("bad", ["iommu=pt\n", "quiet\n", "iommu=pt\r\n", "intel_iommu=on\x0b"])
+def test_trailing_newline_refused_by_every_backend(tmp_path, backend, bad):
+    """A trailing newline passed ``re.match(...$)``: the file backend wrote it into /etc/kernel/cmdline and then
+    reported a change on every run; the grub backend refused it with an unrelated reason."""
+    host = debian_host(tmp_path)
+    host.write("/etc/kernel/cmdline", "root=UUID=1 ro\n")
+    snap = host.snapshot()
+    result = run(host, arguments=[bad], backend=backend)
+    assert result["failed"] is True and result["changed"] is False
+    assert "kernel argument %r" % bad in result["msg"]
+    assert "control and invisible characters" in result["msg"] and "accepted: a string KEY or KEY=VALUE" in result["msg"]
+    assert host.snapshot() == snap
+    assert host.calls() == []
 
 
 def test_contradicting_request_rejected(tmp_path):
@@ -536,6 +553,34 @@ def test_negative_timeout_rejected(tmp_path):
     host = debian_host(tmp_path)
     result = run(host, arguments=IOMMU, command_timeout=-1)
     assert result["failed"] is True and "command_timeout" in result["msg"]
+
+
+@pytest.mark.parametrize("timeout, fragment", [
+    (-1, "got -1"), (86401, "got 86401"), (True, "got True"), ("1e400", "0 to 86400"), ("9" * 40, "0 to 86400"),
+    ("inf", "'inf'"), ("-Infinity", "'-Infinity'"), ("nan", "'nan'"), (float("inf"), "inf"), (2.5, "2.5"),
+])
+def test_bad_timeout_rejected_before_anything_changes(tmp_path, timeout, fragment):
+    host = debian_host(tmp_path)
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU, command_timeout=timeout)
+    assert result["failed"] is True and result.get("changed", False) is False
+    assert "command_timeout" in result["msg"] and fragment in result["msg"], result["msg"]
+    assert host.snapshot() == snap
+    assert host.calls() == []
+
+
+def test_timeout_rc_comes_from_the_shared_constant(tmp_path):
+    host = debian_host(tmp_path)
+    host.script("update-grub", "#!/bin/sh\nexit %d\n" % kernel_cmdline.TIMEOUT_RC)
+    result = run(host, arguments=IOMMU, command_timeout=5)
+    assert result["failed"] is True and result["rc"] == 124
+    assert "did not finish within 5 seconds" in result["msg"] and "Rolled back" in result["msg"]
+    host.script("update-grub", "#!/bin/sh\nexit 137\n")  # killed with SIGKILL after --kill-after
+    result = run(host, arguments=IOMMU, command_timeout=5)
+    assert "did not finish within 5 seconds" in result["msg"]
+    host.script("update-grub", "#!/bin/sh\nexit 1\n")
+    result = run(host, arguments=IOMMU, command_timeout=5)
+    assert result["rc"] == 1 and "did not finish" not in result["msg"]
 
 
 def test_bad_option_values_rejected_by_spec(tmp_path):
@@ -662,6 +707,17 @@ def test_kernel_cmdline_file_created_from_proc(tmp_path):
     assert "backup_file" not in result
 
 
+@pytest.mark.parametrize("backend, command", [("grubby", "grubby"), ("grub2_mkconfig", "grub2-mkconfig")])
+def test_missing_command_of_a_forced_backend_is_a_clean_failure(tmp_path, backend, command):
+    host = debian_host(tmp_path)
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU, backend=backend)
+    assert result["failed"] is True and result["changed"] is False
+    assert result["msg"] == ("%s is needed but not installed (not found in PATH or the sbin directories); "
+                             "nothing changed" % command)
+    assert host.snapshot() == snap
+
+
 def test_no_backend_detected(tmp_path):
     host = Host(tmp_path)
     result = run(host, arguments=IOMMU)
@@ -670,30 +726,47 @@ def test_no_backend_detected(tmp_path):
 
 # --- fuzz ---------------------------------------------------------------------------------------
 
+HOSTILE = ["inf", "-inf", "nan", "Infinity", "1e400", "9" * 40, "-" + "9" * 30, "iommu=pt\n", "quiet\n", "\n",
+           "intel_iommu=on\r\n", "a=b\x00", "caf\u00e9=1", "iommu=p\u00e9", "\u2028", "on", "yes", "~"]
 ITEM = st.one_of(
     st.text(max_size=30),
     st.from_regex(r"\A[a-z_][a-z0-9_.-]{0,8}(=[a-z0-9,:=/.-]{1,8})?\Z"),
-    st.booleans(), st.none(), st.integers(), st.floats(allow_nan=True),
+    st.sampled_from(HOSTILE),
+    st.booleans(), st.none(), st.integers(), st.integers(min_value=10 ** 30), st.floats(allow_nan=True),
     st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
     st.lists(st.text(max_size=3), max_size=2),
 )
+TIMEOUT = st.one_of(st.sampled_from(HOSTILE + [True, False, None, -1, 0, 5, 86400, 86401, 2.5, 10 ** 40]),
+                    st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _fuzz_params(items, state, replace, backend, timeout):
+    params = dict(arguments=items, state=state, replace_values=replace, backend=backend)
+    if timeout != "(unset)":
+        params["command_timeout"] = timeout
+    return params
+
+
+@settings(max_examples=160, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=st.one_of(st.lists(ITEM, max_size=5), ITEM), state=st.sampled_from(["present", "absent", "x"]),
-       replace=st.booleans(), check=st.booleans(), backend=st.sampled_from(["auto", "grub", "kernel_cmdline_file"]))
-def test_fuzz_ends_in_exit_or_fail(items, state, replace, check, backend):
+       replace=st.one_of(st.booleans(), st.sampled_from(["yes", "nan", 1, 2.5])), check=st.booleans(),
+       backend=st.sampled_from(["auto", "grub", "kernel_cmdline_file"]), timeout=st.one_of(st.just("(unset)"), TIMEOUT))
+def test_fuzz_ends_in_exit_or_fail(items, state, replace, check, backend, timeout):
     with tempfile.TemporaryDirectory() as base:
         host = debian_host(base)
         host.write("/etc/kernel/cmdline", "root=UUID=1 ro\n")
         snap = host.snapshot()
-        result = run(host, check=check, arguments=items, state=state, replace_values=replace, backend=backend)
+        result = run(host, check=check, **_fuzz_params(items, state, replace, backend, timeout))
         assert isinstance(result.get("msg", ""), str)
         assert "unexpectedly" not in result.get("msg", "")
+        assert "Traceback" not in result.get("msg", "")
+        if result.get("failed"):
+            assert result["msg"] and result.get("changed", False) is False
         if result.get("failed") or check:
             assert host.snapshot() == snap
         else:
-            second = run(host, arguments=items, state=state, replace_values=replace, backend=backend)
+            assert "\n" not in host.read("/etc/kernel/cmdline").rstrip("\n")
+            second = run(host, **_fuzz_params(items, state, replace, backend, timeout))
             assert second["changed"] is False, (items, second)
 
 
