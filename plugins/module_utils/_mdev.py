@@ -27,9 +27,11 @@ import uuid as uuidlib
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
+    MAX_WAIT,
     PCI_ADDRESS_RE,
     SHORT_PCI_ADDRESS_RE,
     SysfsError,
+    bounded_seconds,
     host_path,
     link_name,
     normalize_pci_address,
@@ -43,9 +45,12 @@ MDEV_BUS = "/sys/class/mdev_bus"
 MDEV_DEVICES = "/sys/bus/mdev/devices"
 PCI_DEVICES = "/sys/bus/pci/devices"
 
-UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-PARENT_NAME_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
-VGPU_LINE_RE = re.compile(r"^\s*(\d+)\s*:\s*(.*?)\s*$")
+# \A and \Z (not ^ and $, which let a trailing newline through); [0-9], not \d, which takes any script's digits.
+UUID_RE = re.compile(r"\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
+PARENT_NAME_RE = re.compile(r"\A[A-Za-z0-9_.:+-]+\Z")
+VGPU_LINE_RE = re.compile(r"\A\s*([0-9]{1,9})\s*:\s*(.*?)\s*\Z")
+# vGPU type ids are small integers (1155); more digits than this is a mistake, not an id.
+VGPU_ID_MAX_DIGITS = 9
 
 # Fixed namespace for the UUIDs this collection derives: uuid5(NS, "<parent>/<type-id>/<index>").
 UUID_NAMESPACE = uuidlib.UUID("6d1c8f5e-3b1a-5c52-9a0e-6f7a2d9b4c10")
@@ -67,11 +72,15 @@ class MdevError(GpuopsError):
     """A request was refused, or a change could not be applied or confirmed.
 
     ``kind`` is one of the ``E_*`` constants. ``retryable`` marks conditions that may clear on their
-    own (a parent or a type that has not appeared yet).
+    own (a parent or a type that has not appeared yet). ``kind`` and, when there are ``details`` (what a
+    rollback did), ``rollback`` are result keys of the failure (``extra``).
     """
 
     def __init__(self, msg, kind=E_INPUT, retryable=False, **details):
-        super().__init__(msg)
+        extra = {"kind": kind}
+        if details:
+            extra["rollback"] = details
+        super().__init__(msg, **extra)
         self.msg = msg
         self.kind = kind
         self.retryable = retryable
@@ -84,7 +93,7 @@ class MdevError(GpuopsError):
 def normalize_uuid(value):
     """Return the lower-case 36-character form of a UUID, or raise MdevError."""
     text = value.strip() if isinstance(value, str) else value
-    if not isinstance(text, str) or not UUID_RE.match(text):
+    if not isinstance(text, str) or not UUID_RE.fullmatch(text):
         raise MdevError(
             "UUID %r is not valid: the kernel wants exactly 36 characters, 8-4-4-4-12 hex digits "
             "(e.g. 4b20d080-1b54-4048-85b3-a6a62d165c01)" % (value,))
@@ -99,9 +108,9 @@ def normalize_parent(name):
     if not isinstance(name, str) or not name.strip():
         raise MdevError("parent %r is not valid: give a PCI address or an mdev parent name" % (name,))
     text = name.strip()
-    if SHORT_PCI_ADDRESS_RE.match(text) or PCI_ADDRESS_RE.match(text):
+    if SHORT_PCI_ADDRESS_RE.fullmatch(text) or PCI_ADDRESS_RE.fullmatch(text):
         return normalize_pci_address(text)
-    if text in (".", "..") or not PARENT_NAME_RE.match(text):
+    if text in (".", "..") or not PARENT_NAME_RE.fullmatch(text):
         raise MdevError(
             "parent %r is not valid: give a PCI address (DDDD:BB:SS.F) or the name of an entry of %s"
             % (name, MDEV_BUS))
@@ -113,6 +122,37 @@ def check_count(count):
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise MdevError("count must be a positive integer, got %r" % (count,))
     return count
+
+
+def shown(value, limit=40):
+    """``repr(value)``, cut to ``limit`` characters with the full length said, for messages."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return "%s... (%d characters)" % (text[:limit - 10], len(str(value)))
+
+
+def vgpu_type_id(spec):
+    """The vGPU type id ``spec`` gives as a number (an int), or None when ``spec`` is not a number (a name).
+
+    Raise MdevError, naming the value, for a number that is not a valid id: written with digits other than
+    ASCII 0-9 (``int()`` would take them), longer than VGPU_ID_MAX_DIGITS digits (``int()`` of thousands of
+    digits raises ValueError), or not greater than 0.
+    """
+    text = str(spec).strip()
+    body = text[1:] if text[:1] in ("+", "-") else text
+    if not body or not all(ch.isdigit() for ch in body):
+        return None
+    if not body.isascii():
+        raise MdevError("vGPU type id %s is not valid: write type ids with the ASCII digits 0-9 (e.g. 1155)"
+                        % shown(text))
+    if len(body) > VGPU_ID_MAX_DIGITS:
+        raise MdevError("vGPU type id %s is not valid: type ids have at most %d digits (e.g. 1155)"
+                        % (shown(text), VGPU_ID_MAX_DIGITS))
+    type_id = int(text)
+    if type_id <= 0:
+        raise MdevError("vGPU type id %s is not valid: type ids are integers greater than 0" % text)
+    return type_id
 
 
 def derive_uuid(parent, type_id, index):
@@ -223,7 +263,7 @@ def parse_vgpu_types(text):
     """Parse ``creatable_vgpu_types`` text into ``{id: name}`` (the header line is skipped)."""
     types = {}
     for line in (text or "").splitlines():
-        match = VGPU_LINE_RE.match(line)
+        match = VGPU_LINE_RE.fullmatch(line)
         if match and int(match.group(1)) > 0:
             types[int(match.group(1))] = match.group(2)
     return types
@@ -237,7 +277,7 @@ def creatable_vgpu_types(address, root="/"):
 def current_vgpu_type(address, root="/"):
     """Return the vGPU type id active on a VF (0 when none)."""
     text = read_attr(os.path.join(vf_dir(address, root), "nvidia", "current_vgpu_type"), default="0")
-    match = re.match(r"^\s*(\d+)", text)
+    match = re.match(r"\s*([0-9]{1,9})(?![0-9])", text)
     return int(match.group(1)) if match else 0
 
 
@@ -276,7 +316,7 @@ def detect_backend(request, root="/"):
         candidates = request.get("parents") or []
     if any(is_mdev_parent(c, root) for c in candidates):
         return BACKEND_MDEV
-    if any(PCI_ADDRESS_RE.match(c) and has_vgpu_interface(c, root) for c in candidates):
+    if any(PCI_ADDRESS_RE.fullmatch(c) and has_vgpu_interface(c, root) for c in candidates):
         return BACKEND_NVIDIA
     return BACKEND_MDEV
 
@@ -456,10 +496,8 @@ def _resolve_vgpu_type(spec, targets, root):
     for vf in targets:
         known.update(creatable_vgpu_types(vf, root))
     text = str(spec).strip()
-    if re.match(r"^[+-]?\d+$", text):
-        type_id = int(text)
-        if type_id <= 0:
-            raise MdevError("vGPU type id %s is not valid: type ids are integers greater than 0" % text)
+    type_id = vgpu_type_id(text)
+    if type_id is not None:
         if type_id in known:
             return type_id, known[type_id]
         if any(current_vgpu_type(vf, root) == type_id for vf in targets):
@@ -478,9 +516,10 @@ def _plan_nvidia_present(request, targets, root):
         raise MdevError("uuids cannot be used with the NVIDIA vendor-specific interface: its vGPUs have no UUID")
     current = {vf: current_vgpu_type(vf, root) for vf in targets}
     text = str(request["type"]).strip()
-    if not request.get("pf") and re.match(r"^\d+$", text) and int(text) > 0:
+    wanted = vgpu_type_id(text)
+    if not request.get("pf") and wanted:
         for vf in targets:
-            if current[vf] and current[vf] != int(text):
+            if current[vf] and current[vf] != wanted:
                 raise MdevError("VF %s already carries vGPU type %d, not %s; remove it first (state=absent)"
                                 % (vf, current[vf], text), kind=E_CONFLICT)
     type_id, name = _resolve_vgpu_type(request["type"], targets, root)
@@ -529,8 +568,9 @@ def _plan_nvidia_absent(request, root):
     plan = {"create": [], "keep": [], "remove": [], "targets": targets if request.get("pf") else
             list(request["parents"])}
     text = str(request["type"]).strip()
-    if re.match(r"^\d+$", text):
-        type_id, name = int(text), ""
+    wanted = vgpu_type_id(text)
+    if wanted is not None:
+        type_id, name = wanted, ""
     else:
         try:
             type_id, name = _resolve_vgpu_type(text, targets, root) if targets else (None, "")
@@ -577,8 +617,9 @@ def build_plan(request, root="/"):
 
 
 def build_plan_waiting(request, root="/", timeout=0):
-    """build_plan, retried for up to ``timeout`` seconds while a parent or a type is missing."""
-    deadline = _sriov._monotonic() + max(float(timeout or 0), 0.0)
+    """build_plan, retried for up to ``timeout`` seconds (clamped to 0..MAX_WAIT) while a parent or a type is
+    missing."""
+    deadline = _sriov._monotonic() + bounded_seconds(timeout, MAX_WAIT)
     while True:
         try:
             return build_plan(request, root)
@@ -650,11 +691,49 @@ def describe_entry(entry):
     return "%s (type %s on %s)" % (entry["uuid"], entry["type_id"], entry["parent"])
 
 
+def _reason(exc):
+    """The message of a collection error, the text of any other (with its type when not an OS error)."""
+    if isinstance(exc, GpuopsError):
+        return exc.msg
+    if isinstance(exc, (IOError, OSError)):
+        return str(exc)
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+def undo(done, root="/", timeout=5):
+    """Undo the ``(action, entry)`` changes of ``done`` in reverse order, carrying on past errors.
+
+    Returns ``(rolled_back, rollback_errors)``: descriptions of the entries put back, and of the failures.
+    """
+    rolled_back, rollback_errors = [], []
+    for action, entry in reversed(done):
+        try:
+            if action == "created":
+                remove_entry(entry, root, timeout)
+            else:
+                create_entry(entry, root, timeout)
+            rolled_back.append(describe_entry(entry))
+        except Exception as rexc:  # pylint: disable=broad-exception-caught
+            rollback_errors.append("%s: %s" % (describe_entry(entry), _reason(rexc)))
+    return rolled_back, rollback_errors
+
+
+def describe_undo(done, rolled_back, rollback_errors):
+    """The sentence that ends a failure message: what the rollback did."""
+    if not done:
+        return "nothing had been changed"
+    text = "rolled back %d change(s) of this run" % len(rolled_back)
+    if rollback_errors:
+        text += "; rollback errors: %s" % "; ".join(rollback_errors)
+    return text
+
+
 def apply_plan(plan, root="/", timeout=5):
     """Remove then create the plan's devices. On failure undo this run's changes in reverse order.
 
     Raises MdevError(kind=E_APPLY) whose ``details`` hold ``done`` (what was applied before the
     failure), ``rolled_back`` and ``rollback_errors``. Returns the list of ``(action, entry)`` done.
+    Any exception counts as a failure (a bug must not leave half the devices made).
     """
     done = []
     try:
@@ -664,24 +743,9 @@ def apply_plan(plan, root="/", timeout=5):
         for entry in plan["create"]:
             create_entry(entry, root, timeout)
             done.append(("created", entry))
-    except (MdevError, SysfsError) as exc:
-        rolled_back, rollback_errors = [], []
-        for action, entry in reversed(done):
-            try:
-                if action == "created":
-                    remove_entry(entry, root, timeout)
-                else:
-                    create_entry(entry, root, timeout)
-                rolled_back.append(describe_entry(entry))
-            except (MdevError, SysfsError) as rexc:
-                rollback_errors.append("%s: %s" % (describe_entry(entry), rexc.msg))
-        msg = exc.msg
-        if done:
-            msg += "; rolled back %d change(s) of this run" % len(rolled_back)
-            if rollback_errors:
-                msg += "; rollback errors: %s" % "; ".join(rollback_errors)
-        else:
-            msg += "; nothing had been changed"
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        rolled_back, rollback_errors = undo(done, root, timeout)
+        msg = "%s; %s" % (_reason(exc), describe_undo(done, rolled_back, rollback_errors))
         raise MdevError(msg, kind=E_APPLY, done=[describe_entry(e) for _a, e in done],
                         rolled_back=rolled_back, rollback_errors=rollback_errors)
     return done

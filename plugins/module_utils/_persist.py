@@ -6,6 +6,10 @@
 
 Every function takes ``root`` (the filesystem root, ``/`` on a host, a temp dir in unit tests) and
 paths as they are on the host.
+
+Every failure of :func:`write_text` (creating the directory, writing the temp file, the final move, which
+ansible-core 2.19 reports as a bare ``Exception``, the mode and owner) is raised as :class:`PersistError`,
+a GpuopsError that is also an OSError, so each caller handles it with its rollback.
 """
 
 from __future__ import annotations
@@ -13,7 +17,31 @@ from __future__ import annotations
 import os
 import tempfile
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
+
+
+class PersistError(GpuopsError, OSError):
+    """Writing a host file failed. ``path`` is the host path, ``reason`` what went wrong (without the path)."""
+
+    def __init__(self, path, reason):
+        super().__init__("writing %s failed: %s" % (path, reason))
+        self.path = path
+        self.reason = reason
+
+
+def _reason(exc):
+    """Text of ``exc`` and of the OSError it was raised from (ansible-core's atomic_move chains one)."""
+    if isinstance(exc, OSError) and not isinstance(exc, GpuopsError):
+        text = str(exc)
+    else:
+        text = (str(exc) or type(exc).__name__).rstrip(".")
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and not isinstance(exc, OSError):
+        detail = getattr(cause, "strerror", None) or str(cause)
+        if detail and detail not in text:
+            text = "%s (%s)" % (text, detail)
+    return text
 
 
 def read_text(root, path):
@@ -29,19 +57,43 @@ def write_text(module, root, path, content, mode=0o644):
     """Write ``content`` to ``path`` via a temp file in the same directory and an atomic move.
 
     The file ends up root:root (when run as root) with ``mode``; parent directories are created 0755.
+    Raises PersistError, whatever failed.
     """
-    dest = host_path(root, path)
-    directory = os.path.dirname(dest)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    fd, tmp = tempfile.mkstemp(prefix=".gpuops-", dir=directory)
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(content)
-        module.atomic_move(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _write(module, host_path(root, path), content, mode)
+    except PersistError:
+        raise
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        # ansible-core 2.19's atomic_move raises Exception (chained to the OSError) where it used to fail_json.
+        raise PersistError(path, _reason(exc)) from exc
+
+
+def _write(module, dest, content, mode):
+    directory = os.path.dirname(dest)
+    created = []
+    missing = directory
+    while missing and not os.path.lexists(missing) and missing != os.path.dirname(missing):
+        created.append(missing)
+        missing = os.path.dirname(missing)
+    try:
+        if created:
+            os.makedirs(directory, 0o755)
+        fd, tmp = tempfile.mkstemp(prefix=".gpuops-", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(content)
+            module.atomic_move(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except BaseException:
+        # Leave no directory behind for a file that was not written (deepest first; only empty ones go).
+        for path in created:
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
+        raise
     os.chmod(dest, mode)
     if os.geteuid() == 0:
         os.chown(dest, 0, 0)
@@ -78,14 +130,19 @@ def snapshot(root, paths):
 
 
 def restore(module, root, saved):
-    """Put back the content recorded by :func:`snapshot`; return the list of errors (empty when fine)."""
+    """Put back the content recorded by :func:`snapshot`; return the list of errors (empty when fine).
+
+    A file that still holds its recorded content (the write that failed never replaced it) is left alone.
+    """
     errors = []
-    for path, text in saved.items():
+    for path, text in sorted(saved.items()):
         try:
             if text is None:
                 remove_file(root, path)
-            else:
+            elif read_text(root, path) != text:
                 write_text(module, root, path, text)
+        except PersistError as exc:
+            errors.append("%s: %s" % (path, exc.reason))
         except (IOError, OSError) as exc:
             errors.append("%s: %s" % (path, exc))
     return errors
@@ -104,6 +161,26 @@ def wants_link_missing(root, link, unit_file):
     """True when the ``multi-user.target.wants`` link ``link`` does not point at ``unit_file``."""
     dest = host_path(root, link)
     return not (os.path.islink(dest) and os.readlink(dest) == unit_file)
+
+
+def read_link(root, link):
+    """Target of the symlink ``link``, or None when it is not a symlink (for rollback)."""
+    dest = host_path(root, link)
+    return os.readlink(dest) if os.path.islink(dest) else None
+
+
+def restore_link(root, link, target):
+    """Put back a link recorded by :func:`read_link` (None: remove it); return the list of errors."""
+    try:
+        if target is None:
+            dest = host_path(root, link)
+            if os.path.islink(dest):
+                os.unlink(dest)
+        elif read_link(root, link) != target:
+            make_wants_link(root, link, target)
+    except (IOError, OSError) as exc:
+        return ["%s: %s" % (link, exc)]
+    return []
 
 
 def make_wants_link(root, link, unit_file):

@@ -18,7 +18,9 @@ import re
 import time
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
+    MAX_WAIT,
     SysfsError,
+    bounded_seconds,
     host_path,
     link_name,
     pci_device_dir,
@@ -27,7 +29,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
-VIRTFN_RE = re.compile(r"^virtfn(\d+)$")
+VIRTFN_RE = re.compile(r"\Avirtfn([0-9]{1,9})\Z")
 
 # Indirections so unit tests can run the bounded waits without really sleeping.
 _sleep = time.sleep
@@ -37,10 +39,13 @@ POLL_INTERVAL = 0.2
 
 
 class SriovError(GpuopsError):
-    """An SR-IOV precondition failed or a change could not be applied or confirmed."""
+    """An SR-IOV precondition failed or a change could not be applied or confirmed.
+
+    ``details`` (e.g. ``rollback``) are also result keys of the failure (``extra``).
+    """
 
     def __init__(self, msg, **details):
-        super().__init__(msg)
+        super().__init__(msg, **details)
         self.msg = msg
         self.details = details
 
@@ -48,9 +53,10 @@ class SriovError(GpuopsError):
 def wait_until(predicate, timeout, interval=POLL_INTERVAL):
     """Call ``predicate`` until it returns a true value or ``timeout`` seconds have passed.
 
-    The predicate is always called at least once. Returns its last value.
+    The predicate is always called at least once. Returns its last value. ``timeout`` is clamped to
+    0..MAX_WAIT seconds, so no value (inf, nan, an integer too large for a float) raises here.
     """
-    deadline = _monotonic() + max(float(timeout or 0), 0.0)
+    deadline = _monotonic() + bounded_seconds(timeout, MAX_WAIT)
     while True:
         value = predicate()
         if value or _monotonic() >= deadline:
@@ -74,7 +80,7 @@ def list_vfs(pf_dir):
     except OSError:
         return []
     for name in names:
-        match = VIRTFN_RE.match(name)
+        match = VIRTFN_RE.fullmatch(name)
         if match:
             target = link_name(os.path.join(pf_dir, name))
             if target:
@@ -241,6 +247,28 @@ def set_numvfs(state, count, timeout=10):
         except (SriovError, SysfsError) as rexc:
             rollback = "restoring sriov_numvfs to %d also failed: %s" % (old, getattr(rexc, "msg", rexc))
         raise SriovError("%s; rollback: %s" % (exc.msg, rollback), rollback=rollback)
+
+
+def undo_numvfs(state, timeout=10):
+    """Put ``sriov_numvfs`` back to ``state["numvfs"]`` (through 0) after this run changed it.
+
+    Returns one line saying what was done, or why it failed; never raises.
+    """
+    pf_dir, address, old = state["dir"], state["pf"], state["numvfs"]
+    try:
+        current = int(read_attr(os.path.join(pf_dir, "sriov_numvfs"), default="0") or 0)
+        if current != old:
+            if current:
+                _write_numvfs(pf_dir, address, state["driver"], 0)
+                _confirm_numvfs(pf_dir, address, 0, timeout)
+            if old:
+                _write_numvfs(pf_dir, address, state["driver"], old)
+                _confirm_numvfs(pf_dir, address, old, timeout)
+        return "sriov_numvfs of %s set back to %d" % (address, old)
+    except (SriovError, SysfsError) as exc:
+        return "setting sriov_numvfs of %s back to %d failed: %s" % (address, old, exc.msg)
+    except (ValueError, OSError) as exc:
+        return "setting sriov_numvfs of %s back to %d failed: %s" % (address, old, exc)
 
 
 def set_autoprobe(state, value):

@@ -18,8 +18,9 @@ import re
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
-PCI_ADDRESS_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-SHORT_PCI_ADDRESS_RE = re.compile(r"^[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+# Anchored with \A and \Z (not ^ and $, which let a trailing newline through) for callers using .match.
+PCI_ADDRESS_RE = re.compile(r"\A[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\Z")
+SHORT_PCI_ADDRESS_RE = re.compile(r"\A[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\Z")
 
 
 class SysfsError(GpuopsError):
@@ -32,6 +33,24 @@ class SysfsError(GpuopsError):
         super().__init__(msg)
         self.msg = msg
         self.path = path
+
+
+# The longest wait, in seconds, any timeout option of the host modules accepts (they check it up front); the
+# wait helpers also clamp to it, so no value (inf, nan, an integer too large for a float) can raise there.
+MAX_WAIT = 3600
+
+
+def bounded_seconds(timeout, high=MAX_WAIT):
+    """``timeout`` as float seconds within 0..``high``: None, junk and nan are 0; inf and huge numbers ``high``."""
+    try:
+        value = float(timeout or 0)
+    except OverflowError:
+        value = float(high) if timeout > 0 else 0.0
+    except (TypeError, ValueError):
+        value = 0.0
+    if value != value:  # nan
+        value = 0.0
+    return min(max(value, 0.0), float(high))
 
 
 def host_path(root, path):
@@ -48,9 +67,9 @@ def normalize_pci_address(address):
     if not isinstance(address, str):
         raise SysfsError("PCI address %r is not a string; expected DDDD:BB:SS.F, e.g. 0000:65:00.0" % (address,))
     text = address.strip()
-    if SHORT_PCI_ADDRESS_RE.match(text):
+    if SHORT_PCI_ADDRESS_RE.fullmatch(text):
         text = "0000:" + text
-    if not PCI_ADDRESS_RE.match(text):
+    if not PCI_ADDRESS_RE.fullmatch(text):
         raise SysfsError(
             "PCI address %r is not valid; expected DDDD:BB:SS.F (hex domain, bus, slot, function 0-7), "
             "e.g. 0000:65:00.0" % (address,)

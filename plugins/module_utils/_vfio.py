@@ -25,7 +25,9 @@ import re
 import time
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
+    MAX_WAIT,
     SysfsError,
+    bounded_seconds,
     host_path,
     link_name,
     normalize_pci_address,
@@ -55,9 +57,10 @@ DEFAULT_ALLOWED_DRIVERS = ("nvidia", "nouveau", VFIO_PCI_DRIVER, NONE_DRIVER)
 # Drivers of the auxiliary functions NVIDIA boards put in the GPU's IOMMU group: HDMI/DP audio, the
 # USB-C xHCI controller and its UCSI (I2C) function.
 DEFAULT_ALLOWED_GROUP_DRIVERS = ("snd_hda_intel", "xhci_hcd", "nvidia-gpu", "ucsi_ccg")
-DRIVER_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_NVIDIA_MINOR_RE = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
-_NVIDIA_NODE_RE = re.compile(r"^nvidia(\d+)$")
+# \A and \Z: ^ and $ would let a trailing newline through (.match is used on these too).
+DRIVER_NAME_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
+_NVIDIA_MINOR_RE = re.compile(r"^Device Minor:[ \t]*([0-9]{1,9})[ \t]*$", re.MULTILINE)
+_NVIDIA_NODE_RE = re.compile(r"\Anvidia([0-9]{1,9})\Z")
 _NULL_OVERRIDE = "(null)"
 POLL_INTERVAL = 0.1
 
@@ -69,13 +72,15 @@ _monotonic = time.monotonic
 class VfioError(GpuopsError):
     """Binding or restoring failed, or was refused; ``msg`` says why and what to do.
 
-    ``rollback`` lists, when a change was undone, one line per function with the rollback result.
+    ``rollback`` lists, when a change was undone, one line per function with the rollback result (also
+    in ``extra``, so it is a key of the failure result).
     """
 
     def __init__(self, msg, rollback=None):
-        super().__init__(msg)
+        rollback = list(rollback or [])
+        super().__init__(msg, **({"rollback": rollback} if rollback else {}))
         self.msg = msg
-        self.rollback = rollback or []
+        self.rollback = rollback
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,7 +95,7 @@ def is_vfio_driver(driver):
 def check_driver_names(values, option):
     """Return ``values`` (driver names or ``none``) after checking each looks like a driver name."""
     for value in values:
-        if not isinstance(value, str) or not DRIVER_NAME_RE.match(value):
+        if not isinstance(value, str) or not DRIVER_NAME_RE.fullmatch(value):
             raise VfioError("%s entry %r is not a driver name (letters, digits, '_', '-', '.'; e.g. nvidia, "
                             "or none for a function without a driver)" % (option, value))
     return list(values)
@@ -102,8 +107,12 @@ def driver_label(driver):
 
 
 def wait_until(predicate, timeout):
-    """Call ``predicate`` until it is true or ``timeout`` seconds passed; return its last value."""
-    deadline = _monotonic() + max(timeout, 0)
+    """Call ``predicate`` until it is true or ``timeout`` seconds passed; return its last value.
+
+    ``timeout`` is clamped to 0..MAX_WAIT seconds (the module checks it up front; this keeps any value,
+    such as an integer too large for a float, from raising in the middle of a change).
+    """
+    deadline = _monotonic() + bounded_seconds(timeout, MAX_WAIT)
     while True:
         value = predicate()
         if value or _monotonic() >= deadline:
@@ -237,8 +246,8 @@ def nvidia_device_nodes(address, root="/"):
         names = os.listdir(host_path(root, "/dev"))
     except (IOError, OSError):
         names = []
-    nodes = sorted(("/dev/" + n for n in names if _NVIDIA_NODE_RE.match(n)),
-                   key=lambda p: int(_NVIDIA_NODE_RE.match(os.path.basename(p)).group(1)))
+    nodes = sorted(("/dev/" + n for n in names if _NVIDIA_NODE_RE.fullmatch(n)),
+                   key=lambda p: int(_NVIDIA_NODE_RE.fullmatch(os.path.basename(p)).group(1)))
     return nodes or ["/dev/nvidia0"]
 
 
@@ -292,7 +301,7 @@ def udev_rule_text(state, target):
     can bind it. The address is validated, so nothing in the rule comes from free text.
     """
     addr = normalize_pci_address(state["address"])
-    if not DRIVER_NAME_RE.match(target):
+    if not isinstance(target, str) or not DRIVER_NAME_RE.fullmatch(target):
         raise VfioError("driver %r is not a driver name" % (target,))
     script = ("cd /sys/bus/pci/devices/{a} && if [ -e driver ] && [ ! driver -ef /sys/bus/pci/drivers/{t} ]; "
               "then echo {a} > driver/unbind; fi; echo {a} > /sys/bus/pci/drivers_probe").format(a=addr, t=target)
@@ -342,10 +351,10 @@ def read_record(address, root="/"):
     if not isinstance(data, dict) or data.get("address") != address:
         return None
     driver = data.get("driver")
-    if driver is not None and (not isinstance(driver, str) or not DRIVER_NAME_RE.match(driver)):
+    if driver is not None and (not isinstance(driver, str) or not DRIVER_NAME_RE.fullmatch(driver)):
         return None
     override = data.get("driver_override")
-    if override is not None and (not isinstance(override, str) or not DRIVER_NAME_RE.match(override)):
+    if override is not None and (not isinstance(override, str) or not DRIVER_NAME_RE.fullmatch(override)):
         override = None
     return {"driver": driver, "driver_override": override}
 
@@ -610,9 +619,19 @@ def rollback(done, root="/", timeout=10):
         try:
             driver = undo_one(step, root, timeout)
             lines.append("%s back on %s" % (step["address"], driver_label(driver)))
-        except (VfioError, SysfsError, OSError) as exc:
-            lines.append("%s NOT restored: %s" % (step["address"], getattr(exc, "msg", None) or exc))
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            # Carry on past any error: the other functions must still go back.
+            lines.append("%s NOT restored: %s" % (step["address"], _reason(exc)))
     return lines
+
+
+def _reason(exc):
+    """The message of a collection error, the text of any other (with its type when not an OS error)."""
+    if isinstance(exc, GpuopsError):
+        return exc.msg
+    if isinstance(exc, (IOError, OSError)):
+        return str(exc)
+    return "%s: %s" % (type(exc).__name__, exc)
 
 
 def describe_rollback(lines):
@@ -622,7 +641,10 @@ def describe_rollback(lines):
 
 
 def apply_steps(steps, root="/", timeout=10):
-    """Run every step in order; on a failure roll back all steps started so far and raise VfioError."""
+    """Run every step in order; on a failure roll back all steps started so far and raise VfioError.
+
+    Any exception counts as a failure (a bug must not leave functions on the wrong driver).
+    """
     done = []
     for step in steps:
         done.append(step)
@@ -631,10 +653,10 @@ def apply_steps(steps, root="/", timeout=10):
                 bind_one(step, root, timeout)
             else:
                 restore_one(step, root, timeout)
-        except (VfioError, SysfsError, OSError) as exc:
+        except Exception as exc:  # pylint: disable=broad-exception-caught
             what = ("binding %s to %s" % (step["address"], step["target"]) if step["action"] == "bind"
                     else "restoring %s" % step["address"])
             lines = rollback(done, root, timeout)
-            reason = getattr(exc, "msg", None) or str(exc)
+            reason = _reason(exc)
             raise VfioError("%s failed: %s; %s" % (what, reason, describe_rollback(lines)), rollback=lines)
     return done

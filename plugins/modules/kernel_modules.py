@@ -21,13 +21,17 @@ description:
   - The initramfs is rebuilt (C(update-initramfs -u -k all) or C(dracut -f --regenerate-all)) only when
     one of the files changed, since modprobe.d files are copied into it. If the rebuild fails, the files are
     put back as they were and the failure names the command and its output.
+  - If writing one of the files fails, the files already written are put back as they were too.
+  - Every value is checked before anything is written; kernel module names are letters, digits, C(_) and
+    C(-), at most 55 characters (the kernel's limit).
   - Nothing is loaded or unloaded now; the result says when a reboot is needed for the settings to apply.
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
   name:
     description:
-      - Name of the settings set; the stem of the files written. Letters, digits, C(.), C(_) and C(-).
+      - Name of the settings set; the stem of the files written. Letters, digits, C(.), C(_) and C(-), starting
+        with a letter or digit, at most 64 characters.
     type: str
     required: true
   blacklist:
@@ -39,6 +43,8 @@ options:
   options:
     description:
       - Module parameters, as module name to parameter string (C(options <module> <parameters>) lines).
+      - A parameter string is one line of printable characters without C(#), not starting with a space and
+        not ending in a backslash (modprobe would join the next line to it).
     type: dict
     default: {}
   softdeps:
@@ -83,6 +89,7 @@ options:
   timeout:
     description:
       - Seconds the initramfs rebuild may take before it is stopped and the files are rolled back.
+      - A whole number from V(1) to V(86400).
     type: int
     default: 900
 attributes:
@@ -175,18 +182,29 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
-from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
+    GpuopsError,
+    check_range,
+    create_module,
+    run_module,
+)
 
 # The filesystem root the module works on; unit tests point it at a fake tree.
 ROOT = "/"
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-MODULE_RE = re.compile(r"^[A-Za-z0-9_-]+$")
-# Option strings end up on a modprobe.d line: printable, no line breaks or comment signs.
-OPTION_RE = re.compile(r"^[^\s#][^\n\r#]*$")
+# Used with fullmatch (and anchored with \A and \Z): ^ and $ with .match would let a trailing newline through.
+NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+MODULE_RE = re.compile(r"\A[A-Za-z0-9_-]+\Z")
+# Option strings end up on a modprobe.d line: no comment sign, not starting with a space; further checks in
+# check_option (printable characters only, no trailing backslash).
+OPTION_RE = re.compile(r"\A[^\s#][^#]*\Z")
+# The stem of a file name (255 bytes at most); a sane length for a set name.
+MAX_NAME_LENGTH = 64
+# The kernel's MODULE_NAME_LEN is 64 - sizeof(unsigned long), with the terminating NUL.
+MAX_MODULE_LENGTH = 55
+MAX_TIMEOUT = 86400
 
 MODPROBE_DIR = "/etc/modprobe.d"
 LOAD_DIR = "/etc/modules-load.d"
@@ -201,33 +219,60 @@ class ModulesError(GpuopsError):
         self.msg = msg
 
 
+def _shown(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else "%s... (%d characters)" % (text[:limit - 10], len(str(value)))
+
+
 def _check_modules(option, names):
     for name in names:
         if not isinstance(name, str) or not MODULE_RE.fullmatch(name):
-            raise ModulesError("%s: %r is not a kernel module name (letters, digits, '_' and '-' only)"
-                               % (option, name))
+            raise ModulesError("%s: %s is not a kernel module name (letters, digits, '_' and '-' only)"
+                               % (option, _shown(name)))
+        if len(name) > MAX_MODULE_LENGTH:
+            raise ModulesError("%s: %s is not a kernel module name: it has %d characters, the kernel allows at "
+                               "most %d" % (option, _shown(name), len(name), MAX_MODULE_LENGTH))
+
+
+def check_option(module, value):
+    """Raise ModulesError unless ``value`` can be the parameters of one ``options`` line of modprobe.d."""
+    if not isinstance(value, str) or not OPTION_RE.fullmatch(value) or not value.isprintable():
+        raise ModulesError("options for %s: %s is not a parameter string (one line of printable characters, "
+                           "no '#', not empty, not starting with a space)" % (module, _shown(value)))
+    if value.endswith("\\"):
+        raise ModulesError("options for %s: %s is not a parameter string: it ends in a backslash, which modprobe "
+                           "reads as a line continuation (the next line would be joined to it)"
+                           % (module, _shown(value)))
 
 
 def validate(params):
-    """Raise ModulesError naming the first bad value; return nothing."""
-    if not NAME_RE.fullmatch(params["name"] or ""):
-        raise ModulesError("name %r is not valid: use letters, digits, '.', '_' and '-', starting with a letter "
-                           "or digit" % params["name"])
+    """Raise ModulesError naming the first bad value; return nothing. Runs before anything is read or written."""
+    name = params["name"]
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise ModulesError("name %s is not valid: use letters, digits, '.', '_' and '-', starting with a letter "
+                           "or digit" % _shown(name))
+    if len(name) > MAX_NAME_LENGTH:
+        raise ModulesError("name %s is not valid: it has %d characters, at most %d are allowed (it is the stem of "
+                           "the file names)" % (_shown(name), len(name), MAX_NAME_LENGTH))
     _check_modules("blacklist", params["blacklist"])
     _check_modules("load", params["load"])
     _check_modules("initramfs", params["initramfs"])
     _check_modules("options", list(params["options"]))
     for module, value in params["options"].items():
-        if not isinstance(value, str) or not OPTION_RE.fullmatch(value):
-            raise ModulesError("options for %s: %r is not a parameter string (one line, no '#', not empty)"
-                               % (module, value))
+        check_option(module, value)
     _check_modules("softdeps", list(params["softdeps"]))
     for module, before in params["softdeps"].items():
         if not isinstance(before, list) or not before:
-            raise ModulesError("softdeps for %s: expected a non-empty list of module names, got %r" % (module, before))
+            raise ModulesError("softdeps for %s: expected a non-empty list of module names, got %s"
+                               % (module, _shown(before)))
         _check_modules("softdeps for %s" % module, before)
-    if params["timeout"] <= 0:
-        raise ModulesError("timeout must be a positive number of seconds, got %d" % params["timeout"])
+    timeout = params["timeout"]
+    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout <= 0:
+        raise ModulesError("timeout must be a positive number of seconds, got %d" % timeout)
+    try:
+        check_range("timeout", timeout, 1, MAX_TIMEOUT)
+    except GpuopsError as exc:
+        raise ModulesError(exc.msg)
 
 
 def _header(name):
@@ -304,6 +349,7 @@ def rebuild_command(module, tool):
 
 
 def run(module, root):
+    """The body of :func:`main` for ``run_module``: returns the result dict or raises, never exits."""
     params = module.params
     validate(params)
     tool = detect_tool(module, params["initramfs_tool"], root)
@@ -337,10 +383,12 @@ def run(module, root):
     saved = _persist.snapshot(root, list(changes))
     try:
         _persist.apply_files(module, root, changes)
-    except (IOError, OSError) as exc:
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        # PersistError (any failed write) or a failed removal; anything else must not skip the rollback either.
         errors = _persist.restore(module, root, saved)
+        reason = exc if isinstance(exc, (GpuopsError, IOError, OSError)) else "%s: %s" % (type(exc).__name__, exc)
         raise ModulesError("writing the module settings failed (%s); %s" % (
-            exc, "rollback failed: %s" % "; ".join(errors) if errors else "the files were put back as they were"))
+            reason, "rollback failed: %s" % "; ".join(errors) if errors else "the files were put back as they were"))
     if cmd:
         rc, out, err = _run_with_timeout(module, cmd, params["timeout"])
         if rc != 0:
@@ -383,14 +431,7 @@ def build_module():
 
 
 def main():
-    module = build_module()
-    try:
-        result = run(module, ROOT)
-    except ModulesError as exc:
-        module.fail_json(msg=exc.msg)
-    except (IOError, OSError) as exc:
-        module.fail_json(msg="unexpected filesystem error: %s" % exc)
-    module.exit_json(**result)
+    run_module(build_module, run, ROOT)
 
 
 if __name__ == "__main__":

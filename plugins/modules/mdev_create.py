@@ -34,7 +34,8 @@ options:
     description:
       - The mdev type, by id (C(nvidia-692), C(mtty-2)) or by name (C(NVIDIA A100-4C), C(Dual port serial)).
       - For the vendor-specific interface, the numeric vGPU type id (an integer greater than 0 listed in the
-        VF's C(creatable_vgpu_types)) or its name (C(NVIDIA L40S-8Q)).
+        VF's C(creatable_vgpu_types), in the ASCII digits 0-9, at most 9 digits) or its name (C(NVIDIA L40S-8Q)).
+      - At most 200 characters.
     type: str
     required: true
   parents:
@@ -55,7 +56,7 @@ options:
   count:
     description:
       - Number of devices of the type to ensure (per parent with O(parents), in total with O(pf)).
-      - Must be a positive integer. Defaults to V(1) when O(uuids) is not given.
+      - Must be a positive integer (a boolean is refused). Defaults to V(1) when O(uuids) is not given.
       - Existing devices beyond the count are left alone. Ignored with O(state=absent).
     type: int
   uuids:
@@ -76,6 +77,8 @@ options:
     description:
       - Record the devices so that they are re-created at boot (see notes). Written only after the live
         change succeeded; with O(state=absent) the matching definitions are dropped.
+      - If writing them fails, the files are put back and the devices created or removed by this run are
+        removed or re-created, and the failure says so.
     type: bool
     default: true
   backend:
@@ -89,6 +92,7 @@ options:
     description:
       - Seconds to wait for parents and types that appear late (after C(nvidia-vgpud) or C(sriov-manage)
         ran, or after VFs were enabled) before failing. Also bounds each read-back.
+      - A whole number from V(0) to V(3600), checked before anything is changed.
     type: int
     default: 10
 attributes:
@@ -207,12 +211,20 @@ rollback:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
+    GpuopsError,
+    check_range,
+    create_module,
+    run_module,
+)
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _persist
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import MAX_WAIT, SysfsError
 
 # The filesystem root the module works on; unit tests point it at a fake tree.
 ROOT = "/"
+
+# Longest type (id or name) accepted; real ones are a few dozen characters (nvidia-692, NVIDIA A100-4C).
+MAX_TYPE_LENGTH = 200
 
 
 def build_module():
@@ -236,11 +248,21 @@ def build_module():
 
 
 def build_request(params):
-    """Validate and normalise the module parameters into a request for _mdev.build_plan."""
+    """Validate and normalise the module parameters into a request for _mdev.build_plan (before any change)."""
     if not params["type"] or not params["type"].strip():
         raise _mdev.MdevError("type must not be empty")
-    if params["timeout"] < 0:
-        raise _mdev.MdevError("timeout must be 0 or a positive number of seconds, got %d" % params["timeout"])
+    if len(params["type"]) > MAX_TYPE_LENGTH:
+        raise _mdev.MdevError("type %s is not valid: mdev type ids and names have at most %d characters"
+                              % (_mdev.shown(params["type"]), MAX_TYPE_LENGTH))
+    timeout = params["timeout"]
+    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout < 0:
+        raise _mdev.MdevError("timeout must be 0 or a positive number of seconds, got %d" % timeout)
+    try:
+        check_range("timeout", timeout, 0, MAX_WAIT)
+    except GpuopsError as exc:
+        raise _mdev.MdevError(exc.msg)
+    # A numeric vGPU type id is checked here too (ASCII digits, sane length), whatever the backend.
+    _mdev.vgpu_type_id(params["type"])
     request = {
         "type": params["type"].strip(),
         "state": params["state"],
@@ -296,6 +318,7 @@ def apply_persistence(module, root, files, need_link):
 
 
 def run(module, root):
+    """Plan, check, apply (unless check mode) and return the result dict; raises MdevError/SysfsError."""
     params = module.params
     request = build_request(params)
     timeout = params["timeout"] if params["state"] == "present" else 0
@@ -335,30 +358,45 @@ def run(module, root):
     if module.check_mode or not changed:
         return result
 
-    _mdev.apply_plan(plan, root, max(params["timeout"], 1))
+    timeout = max(params["timeout"], 1)
+    done = _mdev.apply_plan(plan, root, timeout)
     if files or need_link:
+        saved = _persist.snapshot(root, list(files))
+        saved_link = _persist.read_link(root, _mdev.WANTS_LINK)
         try:
             apply_persistence(module, root, files, need_link)
-        except (IOError, OSError) as exc:
-            raise _mdev.MdevError("the devices were changed, but writing the boot definitions failed: %s" % exc,
-                                  kind=_mdev.E_APPLY)
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            # PersistError (any failed write) or a link error; anything else must not skip the rollback either.
+            file_errors = _persist.restore(module, root, saved)
+            file_errors += _persist.restore_link(root, _mdev.WANTS_LINK, saved_link)
+            rolled_back, rollback_errors = _mdev.undo(done, root, timeout)
+            files_line = ("boot files put back" if not file_errors else
+                          "putting the boot files back failed: %s" % "; ".join(file_errors))
+            devices_line = _mdev.describe_undo(done, rolled_back, rollback_errors)
+            rollback_errors += ["boot files: %s" % e for e in file_errors]
+            reason = exc if isinstance(exc, (GpuopsError, IOError, OSError)) else "%s: %s" % (type(exc).__name__, exc)
+            raise _mdev.MdevError(
+                "the devices were changed, but writing the boot definitions failed: %s; %s; %s"
+                % (reason, files_line, devices_line),
+                kind=_mdev.E_APPLY, done=[_mdev.describe_entry(e) for _a, e in done], rolled_back=rolled_back,
+                rollback_errors=rollback_errors)
     return result
 
 
-def main():
-    module = build_module()
+def body(module, root):
+    """``run``, with the errors of the shared sysfs helpers given the ``kind`` of mdev's own."""
     try:
-        result = run(module, ROOT)
-    except _mdev.MdevError as exc:
-        extra = {"kind": exc.kind}
-        if exc.details:
-            extra["rollback"] = exc.details
-        module.fail_json(msg=exc.msg, **extra)
+        return run(module, root)
+    except _mdev.MdevError:
+        raise
     except SysfsError as exc:
-        module.fail_json(msg=exc.msg, kind=_mdev.E_INPUT)
+        raise _mdev.MdevError(exc.msg, kind=_mdev.E_INPUT)
     except (IOError, OSError) as exc:
-        module.fail_json(msg="unexpected filesystem error: %s" % exc, kind=_mdev.E_APPLY)
-    module.exit_json(**result)
+        raise _mdev.MdevError("unexpected filesystem error: %s" % exc, kind=_mdev.E_APPLY)
+
+
+def main():
+    run_module(build_module, body, ROOT)
 
 
 if __name__ == "__main__":

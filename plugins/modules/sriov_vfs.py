@@ -37,7 +37,7 @@ options:
   count:
     description:
       - Number of VFs wanted. Required with O(state=present). V(0) disables SR-IOV.
-      - Must not exceed the PF's C(sriov_totalvfs).
+      - Must not exceed the PF's C(sriov_totalvfs). A boolean is refused (it is not taken as 0 or 1).
     type: int
   state:
     description:
@@ -61,12 +61,15 @@ options:
       - Record the count so that it is set again at boot (see the description). Written only after the live
         change succeeded. With O(state=absent) (or O(count=0)) the PF's record is dropped, and the unit and its
         script are removed when no PF is left.
+      - If writing the boot files fails, they are put back, the VF count (and C(sriov_drivers_autoprobe)) are
+        set back to what they were, and the failure says so.
       - V(false) leaves the boot records as they are.
     type: bool
     default: false
   timeout:
     description:
       - Seconds to wait for each read-back of C(sriov_numvfs) and the VF links.
+      - A whole number from V(0) to V(3600), checked before anything is changed.
     type: int
     default: 10
 attributes:
@@ -147,15 +150,25 @@ vfs:
   type: list
   elements: str
   sample: ["0000:3b:00.4", "0000:3b:00.5", "0000:3b:00.6", "0000:3b:00.7"]
+rollback:
+  description: When a change failed after the VF count was touched, what was done to put it back.
+  returned: failure during the change
+  type: str
+  sample: "sriov_numvfs of 0000:3b:00.0 set back to 0"
 """
 
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
+    GpuopsError,
+    check_range,
+    create_module,
+    run_module,
+)
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _sriov
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import MAX_WAIT, SysfsError
 
 # The filesystem root the module works on; unit tests point it at a fake tree.
 ROOT = "/"
@@ -185,12 +198,26 @@ def _diff_text(numvfs, autoprobe):
     return text
 
 
-def run(module, root):
-    params = module.params
-    if params["timeout"] < 0:
-        raise _sriov.SriovError("timeout must be 0 or a positive number of seconds, got %d" % params["timeout"])
+def check_params(params):
+    """Checks the argument spec cannot express (booleans are ints to it); raise SriovError, change nothing."""
+    timeout = params["timeout"]
+    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout < 0:
+        raise _sriov.SriovError("timeout must be 0 or a positive number of seconds, got %d" % timeout)
+    try:
+        check_range("timeout", timeout, 0, MAX_WAIT)
+    except GpuopsError as exc:
+        raise _sriov.SriovError(exc.msg)
+    if isinstance(params["count"], bool):
+        raise _sriov.SriovError("count must be a whole number of VFs, got %r (a boolean); nothing was changed"
+                                % (params["count"],))
     if params["state"] == "present" and params["count"] is None:
         raise _sriov.SriovError("count is required with state=present (got null)")
+
+
+def run(module, root):
+    """The body of :func:`main` for ``run_module``: returns the result dict or raises, never exits."""
+    params = module.params
+    check_params(params)
     count = 0 if params["state"] == "absent" else params["count"]
     state = _sriov.pf_state(params["pf"], root)
     changes = _sriov.plan(state, count, params["autoprobe"], params["force"], root)
@@ -240,11 +267,33 @@ def run(module, root):
             raise
     result["vfs"] = _sriov.list_vfs(state["dir"])
     if boot_files:
+        saved = _persist.snapshot(root, [path for path in boot_files if path != _sriov.WANTS_LINK])
+        saved_link = _persist.read_link(root, _sriov.WANTS_LINK)
         try:
-            write_boot_files(module, root, boot_files)
-        except (IOError, OSError) as exc:
-            raise _sriov.SriovError("the VF count was set, but recording it for boot failed: %s" % exc)
+            write_boot_files(module, root, dict(boot_files))
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            # PersistError (any failed write) or a link error; anything else must not skip the rollback either.
+            undone = _persist.restore(module, root, saved) + _persist.restore_link(root, _sriov.WANTS_LINK, saved_link)
+            lines = ["boot files put back" if not undone else "putting the boot files back failed: %s"
+                     % "; ".join(undone)]
+            # autoprobe first, so the VFs made again are probed (or not) as they were before the run.
+            if changes["autoprobe"] is not None:
+                lines.append(_undo_autoprobe(state))
+            if changes["numvfs"] is not None:
+                lines.append(_sriov.undo_numvfs(state, params["timeout"]))
+            reason = exc if isinstance(exc, (GpuopsError, IOError, OSError)) else "%s: %s" % (type(exc).__name__, exc)
+            raise _sriov.SriovError("the VF count was set, but recording it for boot failed: %s; rolled back: %s"
+                                    % (reason, "; ".join(lines)), rollback="; ".join(lines))
     return result
+
+
+def _undo_autoprobe(state):
+    """Put sriov_drivers_autoprobe back to its value before the run; return a line saying how it went."""
+    try:
+        _sriov.set_autoprobe(state, state["autoprobe"])
+        return "sriov_drivers_autoprobe restored to %d" % int(state["autoprobe"])
+    except (_sriov.SriovError, SysfsError) as exc:
+        return "restoring sriov_drivers_autoprobe failed: %s" % exc.msg
 
 
 def parse_left(current_text, pf):
@@ -264,14 +313,7 @@ def write_boot_files(module, root, boot_files):
 
 
 def main():
-    module = build_module()
-    try:
-        result = run(module, ROOT)
-    except (_sriov.SriovError, SysfsError) as exc:
-        module.fail_json(msg=exc.msg)
-    except (IOError, OSError) as exc:
-        module.fail_json(msg="unexpected filesystem error: %s" % exc)
-    module.exit_json(**result)
+    run_module(build_module, run, ROOT)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ options:
     description:
       - Seconds to wait, after each bind or restore, for the C(driver) link and C(/dev/vfio/<group>) to show
         the change.
+      - A whole number from V(0) to V(3600), checked before anything is changed.
     type: int
     default: 10
 notes:
@@ -270,14 +271,19 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._args import create_module
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
+    GpuopsError,
+    check_range,
+    create_module,
+    run_module,
+)
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _vfio
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTOR_ARGUMENT_SPEC,
     SELECTOR_MUTUALLY_EXCLUSIVE,
     select_functions,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import MAX_WAIT, host_path
 
 # The filesystem root and kernel release the module works on; unit tests point them at a fake host.
 ROOT = "/"
@@ -307,12 +313,21 @@ def build_module():
     )
 
 
+def check_timeout(value):
+    """Raise VfioError unless ``value`` is a whole number of seconds from 0 to MAX_WAIT (booleans refused)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        raise _vfio.VfioError("timeout must be 0 or a positive number of seconds, got %d" % value)
+    try:
+        check_range("timeout", value, 0, MAX_WAIT)
+    except GpuopsError as exc:
+        raise _vfio.VfioError(exc.msg)
+
+
 def check_params(params):
-    """Checks the argument spec cannot express; raise VfioError."""
-    if params["timeout"] < 0:
-        raise _vfio.VfioError("timeout must be 0 or a positive number of seconds, got %d" % params["timeout"])
+    """Checks the argument spec cannot express; raise VfioError. Runs before anything is read or changed."""
+    check_timeout(params["timeout"])
     driver = params["driver"]
-    if driver != "auto" and (not _vfio.DRIVER_NAME_RE.match(driver) or not _vfio.is_vfio_driver(driver)):
+    if driver != "auto" and (not _vfio.DRIVER_NAME_RE.fullmatch(driver) or not _vfio.is_vfio_driver(driver)):
         raise _vfio.VfioError("driver %r is not a vfio driver; use auto, vfio-pci or a variant driver whose name "
                               "ends in _vfio_pci (e.g. nvgrace_gpu_vfio_pci)" % (driver,))
     _vfio.check_driver_names(params["allowed_drivers"], "allowed_drivers")
@@ -360,8 +375,17 @@ def write_file(module, root, path, content):
     _persist.write_text(module, root, path, content)
 
 
+def _file_error(exc):
+    """Text of a failed file write: PersistError's reason (its message repeats the path), else the error."""
+    if isinstance(exc, _persist.PersistError):
+        return exc.reason
+    if isinstance(exc, (IOError, OSError)):
+        return str(exc)
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
 def apply_files(module, root, changes):
-    """Write or remove each file; on an error put back the ones already done and raise VfioError."""
+    """Write or remove each file; on any error put back the ones already done and raise VfioError."""
     done = []
     for path, old, new in changes:
         try:
@@ -370,7 +394,8 @@ def apply_files(module, root, changes):
             else:
                 write_file(module, root, path, new)
             done.append((path, old))
-        except (IOError, OSError) as exc:
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            # _persist raises PersistError; anything else (a bug) must not skip the rollback either.
             undone = []
             for done_path, done_old in reversed(done):
                 try:
@@ -378,9 +403,10 @@ def apply_files(module, root, changes):
                         os.unlink(host_path(root, done_path))
                     else:
                         write_file(module, root, done_path, done_old)
-                except (IOError, OSError) as uexc:
-                    undone.append("%s not restored: %s" % (done_path, uexc))
-            raise _vfio.VfioError("writing %s failed: %s%s" % (path, exc, "".join("; " + u for u in undone)))
+                except Exception as uexc:  # pylint: disable=broad-exception-caught
+                    undone.append("%s not restored: %s" % (done_path, _file_error(uexc)))
+            raise _vfio.VfioError("writing %s failed: %s%s"
+                                  % (path, _file_error(exc), "".join("; " + u for u in undone)))
 
 
 def load_drivers(module, drivers):
@@ -447,7 +473,10 @@ def existing_after(plan, changes, root, path_of):
 
 
 def run(module, root="/", release=None):
-    """Plan, check, apply (unless check mode) and return the result dict; raises VfioError/SysfsError."""
+    """Plan, check, apply (unless check mode) and return the result dict; raises VfioError/SysfsError.
+
+    The body of :func:`main` for ``run_module``: it never calls exit_json or fail_json.
+    """
     params = module.params
     check_params(params)
     selected = select(params, root)
@@ -494,25 +523,8 @@ def run(module, root="/", release=None):
     return result
 
 
-def run_module(module, root="/", release=None):
-    """Run and exit, or fail with a message naming the problem; never raises."""
-    try:
-        result = run(module, root=root, release=release)
-    except _vfio.VfioError as exc:
-        extra = {"rollback": exc.rollback} if exc.rollback else {}
-        module.fail_json(msg=exc.msg, **extra)
-        return
-    except SysfsError as exc:
-        module.fail_json(msg=exc.msg)
-        return
-    except (IOError, OSError, ValueError) as exc:
-        module.fail_json(msg="vfio_bind failed: %s" % exc)
-        return
-    module.exit_json(**result)
-
-
 def main():
-    run_module(build_module(), root=ROOT, release=RELEASE)
+    run_module(build_module, run, root=ROOT, release=RELEASE)
 
 
 if __name__ == "__main__":

@@ -273,6 +273,39 @@ class SysfsTree:
         return state
 
 
+# Argument values that have broken modules before, for the fuzz tests of every host module: what
+# ansible-core's int conversion turns into exceptions (inf, nan, integers of thousands of digits), what
+# Python takes as a number although it is not ASCII, booleans (ints to Python), and strings a line-based
+# file would misread (a trailing newline, a trailing backslash).
+HOSTILE_VALUES = [
+    "inf", "-inf", "nan", "Infinity", "-Infinity", "NaN", float("inf"), float("-inf"), float("nan"),
+    "1e400", "-1e400", 1e300, "1" + "0" * 400, "9" * 5000, 10 ** 30, -10 ** 30, 10 ** 400,
+    True, False, "true", "\u0661\u0662", "\uff11\uff12", "\u0661" * 3000, "12\n", "0000:65:00.0\n", "x\\",
+    "modeset=0\\", "a=1\tb=2", "\x1b[31m", "", " ", "\n",
+]
+
+
+def failing_atomic_move(monkeypatch, suffix, errno_code=36):
+    """Make AnsibleModule.atomic_move fail for destinations ending in ``suffix``, as ansible-core 2.19 does.
+
+    2.19 raises a bare ``Exception`` chained to the OSError (here ENAMETOOLONG, the error a 300-character
+    file name gives); the message names only the file's base name, so tests can compare it exactly.
+    """
+    from ansible.module_utils import basic  # pylint: disable=import-outside-toplevel
+
+    real = basic.AnsibleModule.atomic_move
+
+    def atomic_move(self, src, dest, *args, **kwargs):
+        if dest.endswith(suffix):
+            try:
+                raise OSError(errno_code, os.strerror(errno_code), dest)
+            except OSError as exc:
+                raise Exception("Could not replace %r." % os.path.basename(dest)) from exc
+        return real(self, src, dest, *args, **kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "atomic_move", atomic_move)
+
+
 # Addresses of the ready-made host.
 A10 = "0000:65:00.0"
 A10_AUDIO = "0000:65:00.1"

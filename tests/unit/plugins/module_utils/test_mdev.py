@@ -641,3 +641,102 @@ def test_sysfs_errors_pass_through(host):
     tree, _kernel = host
     with pytest.raises(SysfsError, match="does not exist"):
         _mdev.build_plan(request(pf="0000:99:00.0", parents=None), tree.root)
+
+
+# --------------------------------------------------------------------------- vGPU type ids: ASCII digits of sane length
+
+
+@pytest.mark.parametrize("spec,expected", [("1155", 1155), (" 1155 ", 1155), ("+12", 12), ("NVIDIA L40S-8Q", None),
+                                           ("nvidia-692", None), ("12a", None), ("", None), ("+", None)])
+def test_vgpu_type_id(spec, expected):
+    assert _mdev.vgpu_type_id(spec) == expected
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("\u0661\u0662", r"vGPU type id '\u0661\u0662' is not valid: write type ids with the ASCII digits 0-9"),
+    ("\uff11\uff12", r"vGPU type id '\uff11\uff12' is not valid: write type ids with the ASCII digits 0-9"),
+    ("1" * 5000, r"vGPU type id '1{29}\.\.\. \(5000 characters\) is not valid: type ids have at most 9 digits"),
+    ("1234567890", "type ids have at most 9 digits"),
+    ("0", "type ids are integers greater than 0"),
+    ("-5", "type ids are integers greater than 0"),
+])
+def test_vgpu_type_id_refused(spec, match):
+    with pytest.raises(_mdev.MdevError, match=match):
+        _mdev.vgpu_type_id(spec)
+
+
+@pytest.mark.parametrize("spec", ["1" * 5000, "\u0661\u0661\u0665\u0665", "\uff11\uff11\uff15\uff15"])
+@pytest.mark.parametrize("state", ["present", "absent"])
+def test_vgpu_bad_type_id_is_refused_by_the_planner(vgpu_host, spec, state):
+    # Thousands of digits used to escape as ValueError (Python's integer string limit); non-ASCII digits
+    # were taken as the id 1155.
+    tree, kernel = vgpu_host
+    before = tree.snapshot()
+    for parents, pf in ((None, L40S_PF), ([L40S_VFS[0]], None)):
+        with pytest.raises(_mdev.MdevError, match="vGPU type id .* is not valid") as info:
+            _mdev.build_plan(request(type=spec, pf=pf, parents=parents, state=state), tree.root)
+        assert info.value.kind == _mdev.E_INPUT
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+def test_current_vgpu_type_reads_ascii_digits_only(vgpu_host):
+    tree, _kernel = vgpu_host
+    tree.write("/sys/bus/pci/devices/%s/nvidia/current_vgpu_type" % L40S_VFS[0], "\u0661\u0661\u0665\u0665\n")
+    assert _mdev.current_vgpu_type(L40S_VFS[0], tree.root) == 0
+
+
+def test_parse_vgpu_types_takes_ascii_ids_only():
+    text = VGPU_HEADER + "1153  : NVIDIA L40S-4Q\n\u0661\u0661\u0665\u0665 : fake\n" + "9" * 5000 + " : huge\n"
+    assert _mdev.parse_vgpu_types(text) == {1153: "NVIDIA L40S-4Q"}
+
+
+@pytest.mark.parametrize("bad", ["4b20d080-1b54-4048-85b3-a6a62d165c01\n\n", "mtty\nx"])
+def test_inputs_are_matched_in_full(bad):
+    with pytest.raises(_mdev.MdevError, match="not valid"):
+        if bad.startswith("mtty"):
+            _mdev.normalize_parent(bad)
+        else:
+            _mdev.normalize_uuid(bad + "x")
+
+
+def test_mdev_error_kind_and_rollback_are_result_keys():
+    assert _mdev.MdevError("refused", kind=_mdev.E_BUSY).extra == {"kind": "busy"}
+    err = _mdev.MdevError("failed", kind=_mdev.E_APPLY, done=["a"], rolled_back=["a"], rollback_errors=[])
+    assert err.extra == {"kind": "apply", "rollback": {"done": ["a"], "rolled_back": ["a"], "rollback_errors": []}}
+
+
+def test_wait_for_plan_is_bounded_with_a_huge_timeout(tmp_path, monkeypatch):
+    tree = FakeTree(tmp_path)
+    clock = [0.0]
+
+    def sleep(seconds):
+        clock[0] += seconds
+        if clock[0] > 2 * _sriov.MAX_WAIT:
+            raise AssertionError("build_plan_waiting is not bounded by MAX_WAIT")
+
+    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sriov, "_sleep", sleep)
+    for timeout in (10 ** 400, float("inf")):
+        clock[0] = 0.0
+        with pytest.raises(_mdev.MdevError, match="this host has no mdev parents"):
+            _mdev.build_plan_waiting(request(), tree.root, timeout)
+    assert clock[0] <= _sriov.MAX_WAIT + 1
+
+
+def test_apply_rolls_back_on_any_exception(host, monkeypatch):
+    tree, _kernel = host
+    before = tree.snapshot()
+    plan = _mdev.build_plan(request(type="mtty-1", count=3), tree.root)
+    third = plan["create"][2]["uuid"]
+    real = _mdev.create_entry
+
+    def broken(entry, root="/", timeout=5):
+        if entry["uuid"] == third:
+            raise ValueError("a bug")
+        return real(entry, root, timeout)
+
+    monkeypatch.setattr(_mdev, "create_entry", broken)
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.apply_plan(plan, tree.root, 0)
+    assert info.value.msg == "ValueError: a bug; rolled back 2 change(s) of this run"
+    assert tree.snapshot() == before

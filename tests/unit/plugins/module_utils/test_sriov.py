@@ -378,3 +378,60 @@ def test_set_autoprobe_reads_back(tree, kernel):
     kernel.hooks.append(lambda _k, _p, rel, _v: rel.endswith("autoprobe"))
     with pytest.raises(_sriov.SriovError, match="read back '0'"):
         _sriov.set_autoprobe(state, True)
+
+
+# --------------------------------------------------------------------------- bounded waits, rollback helper
+
+
+@pytest.mark.parametrize("timeout", [10 ** 400, 10 ** 30, float("inf"), float("nan"), -5, None, "junk", True])
+def test_wait_until_never_raises_and_is_bounded(monkeypatch, timeout):
+    # 10**400 used to raise OverflowError in float(); inf waited for ever.
+    clock = [0.0]
+
+    def sleep(seconds):
+        clock[0] += seconds
+        if clock[0] > 2 * _sriov.MAX_WAIT:
+            raise AssertionError("wait_until is not bounded by MAX_WAIT")
+
+    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sriov, "_sleep", sleep)
+    assert _sriov.wait_until(lambda: False, timeout) is False
+    assert clock[0] <= _sriov.MAX_WAIT + _sriov.POLL_INTERVAL
+
+
+def test_undo_numvfs_goes_back_through_zero(tree, kernel):
+    add_nvme_pf(tree)
+    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
+    state = _sriov.pf_state(NVME_PF, tree.root)
+    _sriov.set_numvfs(state, 4, timeout=0)
+    kernel.writes.clear()
+    assert _sriov.undo_numvfs(state, timeout=0) == "sriov_numvfs of 0000:01:00.0 set back to 2"
+    assert [v for _p, v in kernel.writes] == ["0", "2"]
+    assert len(_sriov.list_vfs(state["dir"])) == 2
+    kernel.writes.clear()
+    assert _sriov.undo_numvfs(state, timeout=0) == "sriov_numvfs of 0000:01:00.0 set back to 2"
+    assert kernel.writes == []
+
+
+def test_undo_numvfs_reports_a_failure(tree, kernel):
+    add_nvme_pf(tree)
+    state = _sriov.pf_state(NVME_PF, tree.root)
+    _sriov.set_numvfs(state, 3, timeout=0)
+    kernel.refuse["/sriov_numvfs"] = errno.EBUSY
+    line = _sriov.undo_numvfs(state, timeout=0)
+    assert line.startswith("setting sriov_numvfs of 0000:01:00.0 back to 0 failed: ")
+    assert "Device or resource busy" in line
+
+
+def test_sriov_error_details_are_result_keys():
+    assert _sriov.SriovError("failed", rollback="restored sriov_numvfs to 2").extra == {
+        "rollback": "restored sriov_numvfs to 2"}
+
+
+def test_virtfn_links_are_matched_in_full(tree, kernel):
+    add_nvme_pf(tree)
+    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 1, timeout=0)
+    pf_dir = _sriov.pf_state(NVME_PF, tree.root)["dir"]
+    os.symlink("../0000:01:00.1", os.path.join(pf_dir, "virtfn\u0661"))
+    os.symlink("../0000:01:00.1", os.path.join(pf_dir, "virtfn0\n"))
+    assert _sriov.list_vfs(pf_dir) == ["0000:01:00.1"]

@@ -464,3 +464,57 @@ def test_restore_without_record_probes(gpu_host):
         ("/sys/bus/pci/drivers_probe", st.A10_AUDIO),
     ]
     assert kernel.driver(st.A10_AUDIO) == "snd_hda_intel"
+
+
+# ---------------------------------------------------------------------------------------------
+# Waiting is bounded whatever the timeout; errors carry their result keys
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("timeout", [10 ** 400, 10 ** 30, float("inf"), float("nan"), -5, None, "junk"])
+def test_wait_until_never_raises_and_is_bounded(monkeypatch, timeout):
+    # 10**400 used to raise OverflowError (int too large to convert to float) after the first bind, and
+    # inf waited for ever.
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] > 2 * _vfio.MAX_WAIT:
+            raise AssertionError("wait_until is not bounded by MAX_WAIT")
+
+    monkeypatch.setattr(_vfio, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(_vfio, "_sleep", sleep)
+    calls = []
+    assert _vfio.wait_until(lambda: calls.append(1), timeout) is None
+    assert now[0] <= _vfio.MAX_WAIT + _vfio.POLL_INTERVAL
+    assert _vfio.wait_until(lambda: "done", timeout) == "done"
+
+
+def test_vfio_error_reports_rollback_as_a_result_key():
+    assert _vfio.VfioError("failed", rollback=["0000:65:00.0 back on nvidia"]).extra == {
+        "rollback": ["0000:65:00.0 back on nvidia"]}
+    assert _vfio.VfioError("refused").extra == {}
+
+
+@pytest.mark.parametrize("bad", ["nvidia\n", "vfio-pci\n", "a" * 65, "nvidia drm", ""])
+def test_driver_names_are_matched_in_full(bad):
+    with pytest.raises(_vfio.VfioError, match="is not a driver name"):
+        _vfio.check_driver_names([bad], "allowed_drivers")
+
+
+def test_apply_rolls_back_on_any_exception(gpu_host, monkeypatch):
+    tree, kernel = gpu_host
+    plan = _vfio.plan_bind([st.A10, st.A10_AUDIO], root=tree.root, include_group=True,
+                           allowed_drivers=["nvidia", "snd_hda_intel"])
+    real = _vfio.bind_one
+
+    def broken(step, root="/", timeout=10):
+        if step["address"] == st.A10_AUDIO:
+            raise ValueError("a bug")
+        return real(step, root, timeout)
+
+    monkeypatch.setattr(_vfio, "bind_one", broken)
+    with pytest.raises(_vfio.VfioError) as info:
+        _vfio.apply_steps(plan["steps"], root=tree.root)
+    assert info.value.msg == ("binding 0000:65:00.1 to vfio-pci failed: ValueError: a bug; rolled back: "
+                              "0000:65:00.1 back on snd_hda_intel; 0000:65:00.0 back on nvidia")
+    assert [kernel.driver(a) for a in (st.A10, st.A10_AUDIO)] == ["nvidia", "snd_hda_intel"]

@@ -33,6 +33,7 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_mde
     install,
 )
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import FakeTree, _oserror
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOSTILE_VALUES, failing_atomic_move
 
 UUID1 = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 
@@ -317,10 +318,87 @@ def test_vendor_specific_errors(vgpu_host):
     assert tree.snapshot() == before and kernel.writes == []
 
 
+# --------------------------------------------------------------------------- bounds checked before any change
+
+
+@pytest.mark.parametrize("timeout,message", [
+    (10 ** 30, "timeout must be 0 to 3600 seconds, got a number of about 31 digits; nothing was changed"),
+    (3601, "timeout must be 0 to 3600 seconds, got 3601; nothing was changed"),
+    (True, "timeout must be a whole number of seconds, got True; nothing was changed"),
+    ("1e400", "timeout must be 0 to 3600 seconds, got a number of about 401 digits; nothing was changed"),
+])
+def test_timeout_out_of_bounds_is_refused_before_any_change(host, timeout, message):
+    tree, kernel = host
+    before = tree.snapshot()
+    for check in (True, False):
+        result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "count": 2, "timeout": timeout},
+                             check=check)
+        assert failed, result
+        assert result["msg"] == message and result["kind"] == "input"
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("\uff11\uff11\uff15\uff15", "vGPU type id '\uff11\uff11\uff15\uff15' is not valid: write type ids with the "
+                                     "ASCII digits 0-9 (e.g. 1155)"),
+    ("\u0661\u0661\u0665\u0665", "vGPU type id '\u0661\u0661\u0665\u0665' is not valid: write type ids with the "
+                                     "ASCII digits 0-9 (e.g. 1155)"),
+    ("1234567890", "vGPU type id '1234567890' is not valid: type ids have at most 9 digits (e.g. 1155)"),
+    ("1" * 5000, "type '" + "1" * 29 + "... (5000 characters) is not valid: mdev type ids and names have at most "
+                 "200 characters"),
+])
+@pytest.mark.parametrize("state", ["present", "absent"])
+def test_bad_vgpu_type_id_is_refused(vgpu_host, spec, message, state):
+    # Thousands of digits escaped as ValueError (Python's integer string limit) with a traceback;
+    # fullwidth or Arabic-Indic digits were taken as type 1155 and vGPUs created.
+    tree, kernel = vgpu_host
+    before = tree.snapshot()
+    result, failed = run(tree, {"type": spec, "pf": L40S_PF, "count": 2, "state": state})
+    assert failed, result
+    assert result["msg"] == message and result["kind"] == "input"
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+def files_only(tree):
+    """The tree without its directories (those made on the way may stay)."""
+    return {path: entry for path, entry in tree.snapshot().items() if entry != "<dir>"}
+
+
+def test_failed_final_write_removes_the_new_devices(host, monkeypatch):
+    # ansible-core 2.19's atomic_move raises a bare Exception; only OSError was caught, so the devices and
+    # half of the boot unit were left behind.
+    tree, _kernel = host
+    before = files_only(tree)
+    failing_atomic_move(monkeypatch, _mdev.DEFINITIONS_FILE)  # written last: the script and unit go back
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "count": 2})
+    assert failed and result["kind"] == "apply"
+    assert result["msg"] == (
+        "the devices were changed, but writing the boot definitions failed: writing %s failed: Could not replace "
+        "'mdev-devices.conf' (File name too long); boot files put back; rolled back 2 change(s) of this run"
+        % _mdev.DEFINITIONS_FILE)
+    assert len(result["rollback"]["rolled_back"]) == 2 and result["rollback"]["rollback_errors"] == []
+    assert live(tree) == [] and avail(tree, "mtty", "mtty-1") == 24
+    assert files_only(tree) == before
+
+
+def test_failed_final_write_on_absent_makes_the_devices_again(host, monkeypatch):
+    tree, _kernel = host
+    run(tree, {"type": "mtty-1", "parents": ["mtty"], "count": 2})
+    devices = live(tree)
+    before = files_only(tree)
+    failing_atomic_move(monkeypatch, _mdev.DEFINITIONS_FILE)
+    result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "state": "absent"})
+    assert failed and result["kind"] == "apply"
+    assert result["msg"].endswith("; boot files put back; rolled back 2 change(s) of this run")
+    assert live(tree) == devices and len(devices) == 2
+    assert files_only(tree) == before
+
+
 # --------------------------------------------------------------------------- fuzzing
 
 TEXT = st.one_of(st.none(), st.text(max_size=40), st.integers(), st.booleans(),
-                 st.lists(st.text(max_size=12), max_size=3))
+                 st.lists(st.text(max_size=12), max_size=3), st.sampled_from(HOSTILE_VALUES),
+                 st.lists(st.sampled_from(HOSTILE_VALUES), max_size=2))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -334,7 +412,7 @@ TEXT = st.one_of(st.none(), st.text(max_size=40), st.integers(), st.booleans(),
     "state": st.one_of(TEXT, st.sampled_from(["present", "absent"])),
     "persistent": st.one_of(TEXT, st.booleans()),
     "backend": st.one_of(TEXT, st.sampled_from(["auto", "mdev", "nvidia"])),
-    "timeout": st.one_of(st.integers(min_value=-2, max_value=0), st.text(max_size=5)),
+    "timeout": st.one_of(st.integers(min_value=-2, max_value=0), st.text(max_size=5), st.sampled_from(HOSTILE_VALUES)),
 }), check=st.booleans())
 def test_fuzz_never_raises(host, args, check):
     tree, _kernel = host
@@ -342,6 +420,30 @@ def test_fuzz_never_raises(host, args, check):
     assert isinstance(result, dict)
     if failed:
         assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"]
+    else:
+        assert isinstance(result["changed"], bool)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=st.fixed_dictionaries({}, optional={
+    "type": st.one_of(TEXT, st.sampled_from(["1155", "NVIDIA L40S-8Q", "0", "1155\n", "\uff11\uff11\uff15\uff15"])),
+    "parents": st.one_of(TEXT, st.lists(st.sampled_from(L40S_VFS + ["c1:00.5", "0000:c1:00.4\n"]), max_size=3)),
+    "pf": st.one_of(TEXT, st.sampled_from([L40S_PF, "c1:00.0"])),
+    "count": st.one_of(TEXT, st.integers(min_value=-3, max_value=6)),
+    "state": st.one_of(TEXT, st.sampled_from(["present", "absent"])),
+    "backend": st.one_of(TEXT, st.sampled_from(["auto", "mdev", "nvidia"])),
+    "timeout": st.one_of(st.integers(min_value=0, max_value=3), st.sampled_from(HOSTILE_VALUES)),
+}), check=st.booleans())
+def test_fuzz_vendor_specific_never_raises(vgpu_host, args, check):
+    tree, _kernel = vgpu_host
+    result, failed = run(tree, args, check=check)
+    assert isinstance(result, dict)
+    if failed:
+        assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"]
+    else:
+        assert isinstance(result["changed"], bool)
 
 
 @pytest.mark.parametrize("value", ["inf", "INFINITY", "-Infinity", "nan"])

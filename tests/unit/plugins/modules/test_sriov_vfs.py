@@ -26,6 +26,7 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sri
     _oserror,
     add_nvme_pf,
 )
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOSTILE_VALUES
 
 
 class ExitJson(Exception):
@@ -188,14 +189,58 @@ def test_driver_refuses_and_old_count_restored(host):
     assert numvfs(tree) == 2
 
 
+# --------------------------------------------------------------------------- bounds checked before any change
+
+
+@pytest.mark.parametrize("count", [True, False])
+def test_boolean_count_is_refused(host, count):
+    # A boolean is an int to Python and to ansible-core: count=true used to tear the VFs down and make 1.
+    tree, kernel = host
+    run(tree, {"pf": NVME_PF, "count": 2})
+    before = tree.snapshot()
+    kernel.writes.clear()
+    for check in (True, False):
+        result, failed = run(tree, {"pf": NVME_PF, "count": count}, check=check)
+        assert failed, result
+        assert result["msg"] == "count must be a whole number of VFs, got %r (a boolean); nothing was changed" % count
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+@pytest.mark.parametrize("timeout,message", [
+    (10 ** 30, "timeout must be 0 to 3600 seconds, got a number of about 31 digits; nothing was changed"),
+    (3601, "timeout must be 0 to 3600 seconds, got 3601; nothing was changed"),
+    (True, "timeout must be a whole number of seconds, got True; nothing was changed"),
+    ("1e400", "timeout must be 0 to 3600 seconds, got a number of about 401 digits; nothing was changed"),
+    (10 ** 400, "timeout must be 0 to 3600 seconds, got a number of about 401 digits; nothing was changed"),
+])
+def test_timeout_out_of_bounds_is_refused_before_any_change(host, timeout, message):
+    # 10**400 ("1e400" to ansible-core) used to raise OverflowError in the read-back wait, after the VFs
+    # were torn down.
+    tree, kernel = host
+    run(tree, {"pf": NVME_PF, "count": 2})
+    before = tree.snapshot()
+    kernel.writes.clear()
+    result, failed = run(tree, {"pf": NVME_PF, "count": 3, "timeout": timeout})
+    assert failed and result["msg"] == message
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+HOSTILE = st.sampled_from(HOSTILE_VALUES)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=st.fixed_dictionaries({}, optional={
-    "pf": st.one_of(st.none(), st.text(max_size=20), st.integers(), st.sampled_from([NVME_PF, "01:00.0", "x"])),
-    "count": st.one_of(st.none(), st.integers(min_value=-5, max_value=10), st.text(max_size=4), st.booleans()),
-    "state": st.one_of(st.text(max_size=8), st.sampled_from(["present", "absent"])),
-    "autoprobe": st.one_of(st.none(), st.booleans(), st.text(max_size=5)),
-    "force": st.one_of(st.booleans(), st.text(max_size=5), st.integers()),
-    "timeout": st.one_of(st.integers(min_value=-3, max_value=0), st.text(max_size=4)),
+    "pf": st.one_of(st.none(), st.text(max_size=20), st.integers(), st.sampled_from([NVME_PF, "01:00.0", "x"]),
+                    HOSTILE),
+    "count": st.one_of(st.none(), st.integers(min_value=-5, max_value=10), st.text(max_size=4), st.booleans(),
+                       HOSTILE),
+    "state": st.one_of(st.text(max_size=8), st.sampled_from(["present", "absent"]), HOSTILE),
+    "autoprobe": st.one_of(st.none(), st.booleans(), st.text(max_size=5), HOSTILE),
+    "force": st.one_of(st.booleans(), st.text(max_size=5), st.integers(), HOSTILE),
+    "timeout": st.one_of(st.integers(min_value=-3, max_value=0), st.text(max_size=4), HOSTILE),
+    "persistent": st.one_of(st.booleans(), HOSTILE),
 }), check=st.booleans())
 def test_fuzz_never_raises(host, args, check):
     tree, _kernel = host
@@ -203,3 +248,6 @@ def test_fuzz_never_raises(host, args, check):
     assert isinstance(result, dict)
     if failed:
         assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"]
+    else:
+        assert isinstance(result["changed"], bool)

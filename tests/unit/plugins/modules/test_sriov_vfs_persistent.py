@@ -27,6 +27,7 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sri
     add_nvme_pf,
 )
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import failing_atomic_move
 
 SECOND_PF = "0000:01:08.0"
 CONF = _sriov.DEFINITIONS_FILE
@@ -269,7 +270,48 @@ def test_recording_failure_is_reported(monkeypatch, host):
     kind, result = run(monkeypatch, {"pf": NVME_PF, "count": 2, "persistent": True})
     assert kind == "fail"
     assert result["msg"].startswith("the VF count was set, but recording it for boot failed: ")
+    # Since the shared error path: the live change is rolled back too, and the message says so.
+    assert result["msg"].endswith("; rolled back: boot files put back; sriov_numvfs of 0000:01:00.0 set back to 0")
+    assert result["rollback"] == "boot files put back; sriov_numvfs of 0000:01:00.0 set back to 0"
+    assert numvfs(tree) == 0
+    assert [text(tree, path) for path in BOOT_FILES] == [None] * 4
+
+
+def files_only(tree):
+    """The tree without its directories (those made on the way may stay)."""
+    return {path: entry for path, entry in tree.snapshot().items() if entry != "<dir>"}
+
+
+def test_failed_final_write_rolls_back_the_vfs_autoprobe_and_files(monkeypatch, host):
+    # ansible-core 2.19's atomic_move raises a bare Exception; only OSError was caught, so the new VFs
+    # stayed with half of the boot files written.
+    tree, kernel = host
+    run(monkeypatch, {"pf": NVME_PF, "count": 2})
+    before = files_only(tree)
+    failing_atomic_move(monkeypatch, SCRIPT)  # the last boot file written: the others are put back
+    kind, result = run(monkeypatch, {"pf": NVME_PF, "count": 3, "autoprobe": False, "persistent": True})
+    assert kind == "fail", result
+    rollback = ("boot files put back; sriov_drivers_autoprobe restored to 1; sriov_numvfs of 0000:01:00.0 set back "
+                "to 2")
+    assert result["msg"] == (
+        "the VF count was set, but recording it for boot failed: writing %s failed: Could not replace "
+        "'gpuops-sriov-restore' (File name too long); rolled back: %s" % (SCRIPT, rollback))
+    assert result["rollback"] == rollback
     assert numvfs(tree) == 2
+    assert [text(tree, path) for path in BOOT_FILES] == [None] * 4
+    assert files_only(tree) == before
+
+
+def test_failed_final_write_keeps_the_previous_records(monkeypatch, host):
+    tree, _kernel = host
+    run(monkeypatch, {"pf": SECOND_PF, "count": 5, "persistent": True})
+    before = files_only(tree)
+    failing_atomic_move(monkeypatch, CONF)
+    kind, result = run(monkeypatch, {"pf": NVME_PF, "count": 1, "persistent": True})
+    assert kind == "fail", result
+    assert result["msg"].endswith("; rolled back: boot files put back; sriov_numvfs of 0000:01:00.0 set back to 0")
+    assert text(tree, CONF) == definitions("0000:01:08.0 5")
+    assert files_only(tree) == before
 
 
 def test_daemon_reload_only_when_the_unit_changes(monkeypatch, host):

@@ -72,8 +72,9 @@ def run(monkeypatch, host_pair, args, check=False, diff=False):
         patch.setattr(basic.AnsibleModule, "run_command", lambda self, argv, **kw: kernel.run_command(argv, **kw))
         patch.setattr(basic.AnsibleModule, "get_bin_path",
                       lambda self, name, required=False, opt_dirs=None: "/usr/sbin/" + name)
-        return call(monkeypatch, lambda: vfio_bind.run_module(vfio_bind.build_module(), root=tree.root,
-                                                              release=RELEASE), full)
+        patch.setattr(vfio_bind, "ROOT", tree.root)
+        patch.setattr(vfio_bind, "RELEASE", RELEASE)
+        return call(monkeypatch, vfio_bind.main, full)
 
 
 def assert_refused(monkeypatch, host_pair, args, msg):
@@ -448,13 +449,90 @@ def test_missing_vfio_group_node_is_a_failure(monkeypatch, host):
 
 
 # ---------------------------------------------------------------------------------------------
+# Bounds checked before any change; a failed final file write is rolled back like any other failure
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("timeout, msg", [
+    (10 ** 30, "timeout must be 0 to 3600 seconds, got a number of about 31 digits; nothing was changed"),
+    (3601, "timeout must be 0 to 3600 seconds, got 3601; nothing was changed"),
+    (True, "timeout must be a whole number of seconds, got True; nothing was changed"),
+])
+def test_timeout_out_of_bounds_is_refused_before_any_change(monkeypatch, host, timeout, msg):
+    assert_refused(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "timeout": timeout}, msg)
+
+
+@pytest.mark.parametrize("timeout", ["1e400", 10 ** 400, "1" + "0" * 400])
+def test_timeout_too_large_for_a_float_is_refused_before_any_change(monkeypatch, host, timeout):
+    # It used to raise OverflowError in the wait after the first bind: GPUs left on vfio-pci, no rollback.
+    tree, kernel = host
+    before = tree.snapshot()
+    for check in (True, False):
+        kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "timeout": timeout},
+                           check=check)
+        assert kind == "fail", result
+        assert result["msg"] == "timeout must be 0 to 3600 seconds, got a number of about 401 digits; nothing was changed"
+    assert tree.snapshot() == before and kernel.writes == []
+    assert [argv for argv, _env in kernel.commands if "--dry-run" not in argv] == []
+
+
+def files_and_links(tree):
+    """Files (without mtimes) and links of the tree: directories made on the way may stay."""
+    return {path: entry[:2] for path, entry in tree.snapshot().items() if entry[0] != "dir"}
+
+
+def test_failed_final_write_rolls_back_drivers_and_files(monkeypatch, host):
+    # ansible-core 2.19's atomic_move raises a bare Exception (a file name too long, say); only OSError was
+    # caught, so the GPUs stayed on vfio-pci with half their records written.
+    tree, kernel = host
+    before = files_and_links(tree)
+    st.failing_atomic_move(monkeypatch, AUDIO_RULE)
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "persistent": True})
+    assert kind == "fail", result
+    assert result["msg"] == (
+        "writing %s failed: Could not replace '61-gpuops-vfio-0000:65:00.1.rules' (File name too long) (after the "
+        "drivers were changed); rolled back: 0000:65:00.1 back on snd_hda_intel; 0000:65:00.0 back on nvidia"
+        % AUDIO_RULE)
+    assert result["rollback"] == ["0000:65:00.1 back on snd_hda_intel", "0000:65:00.0 back on nvidia"]
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["nvidia", "snd_hda_intel"]
+    for path in (A10_RECORD, A10_RULE, AUDIO_RECORD, AUDIO_RULE):
+        assert not os.path.exists(tree.path(path))
+    assert files_and_links(tree) == before
+
+
+def test_failed_final_write_on_absent_puts_the_functions_back_on_vfio(monkeypatch, host):
+    tree, kernel = host
+    args = {"addresses": [st.A10], "include_group": True, "persistent": True}
+    run(monkeypatch, host, args)
+    before = files_and_links(tree)
+    # Removing a file cannot fail through atomic_move; make the first removal fail instead.
+    real_unlink = os.unlink
+
+    def unlink(path, *a, **kw):
+        if path.endswith(os.path.basename(AUDIO_RECORD)):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    kind, result = run(monkeypatch, host, dict(args, state="absent"))
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert kind == "fail", result
+    assert result["msg"].startswith("writing %s failed: [Errno 13] Permission denied" % AUDIO_RECORD)
+    assert result["msg"].endswith("(after the drivers were changed); rolled back: 0000:65:00.1 back on vfio-pci; "
+                                  "0000:65:00.0 back on vfio-pci")
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["vfio-pci", "vfio-pci"]
+    assert files_and_links(tree) == before
+
+
+# ---------------------------------------------------------------------------------------------
 # Fuzzing: whatever the arguments, a clean exit_json or fail_json
 # ---------------------------------------------------------------------------------------------
 
-_SAMPLES = [st.A10, st.A10_AUDIO, "65:00.0", "10de", "10de:2236", "0302", "none", "vfio-pci", "nvidia", "auto"]
+_SAMPLES = [st.A10, st.A10_AUDIO, "65:00.0", "10de", "10de:2236", "0302", "none", "vfio-pci", "nvidia", "auto",
+            "vfio-pci\n", "nvidia\\", "\u0661\u0662", "0000:65:00.0" * 30]
 _text = hs.one_of(hs.text(max_size=20), hs.sampled_from(_SAMPLES))
 _value = hs.one_of(hs.none(), hs.booleans(), hs.integers(-5, 50), _text, hs.lists(_text, max_size=3),
-                   hs.dictionaries(hs.text(max_size=5), hs.integers(), max_size=2))
+                   hs.dictionaries(hs.text(max_size=5), hs.integers(), max_size=2),
+                   hs.sampled_from(st.HOSTILE_VALUES), hs.lists(hs.sampled_from(st.HOSTILE_VALUES), max_size=2))
 _args = hs.dictionaries(hs.sampled_from(["state", "addresses", "vendors", "classes", "driver", "include_group",
                                          "allowed_drivers", "allowed_group_drivers", "force_boot_vga", "persistent",
                                          "timeout", "bogus"]), _value, max_size=6)
