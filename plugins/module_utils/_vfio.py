@@ -385,7 +385,7 @@ def _bind_problems(step, allowed, root, force_boot_vga):
         return problems
     if state["group"] is None:
         problems.append("%s has no IOMMU group: the IOMMU is off, so %s could not give it to a VM; enable "
-                        "VT-d/AMD-Vi and boot with intel_iommu=on or amd_iommu=on (see "
+                        "VT-d/AMD-Vi in the firmware, and on Intel boot with intel_iommu=on (see "
                         "gpuops.sandbox.iommu_check)" % (addr, step["target"]))
     if state["boot_vga"] and not force_boot_vga:
         problems.append("%s is the boot VGA device (the console the firmware set up); set force_boot_vga=true "

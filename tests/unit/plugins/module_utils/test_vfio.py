@@ -348,7 +348,7 @@ def test_plan_bind_refuses_function_without_group(tmp_path, clock):
         _vfio.plan_bind([st.A10], tree.root, release=RELEASE)
     assert info.value.msg == (
         "refusing to change anything: 0000:65:00.0 has no IOMMU group: the IOMMU is off, so vfio-pci could not "
-        "give it to a VM; enable VT-d/AMD-Vi and boot with intel_iommu=on or amd_iommu=on (see "
+        "give it to a VM; enable VT-d/AMD-Vi in the firmware, and on Intel boot with intel_iommu=on (see "
         "gpuops.sandbox.iommu_check)")
 
 
