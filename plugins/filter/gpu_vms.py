@@ -17,7 +17,7 @@ description:
   - Takes VirtualMachineInstance objects (from M(kubernetes.core.k8s_info)) and a node name, and returns one entry
     per VMI that runs on that node (C(status.nodeName)), is not finished (phase not C(Succeeded) or C(Failed)),
     and holds a GPU, a host device or a DRA resource claim (C(spec.domain.devices.gpus),
-    C(spec.domain.devices.hostDevices), C(spec.resourceClaims)). Such a VM cannot live-migrate: a drain waits for
+    C(spec.domain.devices.hostDevices), C(spec.resourceClaims)). Such a VM cannot live-migrate, and a drain waits for
     it until it times out.
   - Each entry has C(namespace), C(name), C(devices) (the device names, or the claim names) and C(owner) (the
     VirtualMachine that would start it again, when there is one).
@@ -58,8 +58,8 @@ def _devices(spec):
                 found.append(str(device.get("deviceName") or device.get("name") or key))
     for claim in spec.get("resourceClaims") or []:
         if isinstance(claim, dict):
-            found.append("claim " + str(claim.get("resourceClaimTemplateName") or claim.get("resourceClaimName")
-                                         or claim.get("name") or "?"))
+            name = claim.get("resourceClaimTemplateName") or claim.get("resourceClaimName") or claim.get("name")
+            found.append("claim %s" % (name or "?"))
     return found
 
 

@@ -18,7 +18,7 @@ version_added: 0.4.0
 description:
   - Takes the C(host_verify_report) facts of the GPU nodes (see the role R(gpuops.sandbox.host_verify,
     ansible_collections.gpuops.sandbox.host_verify_role)) and the names of all GPU nodes, and returns one
-    string: a header line and one row per node (HOST, TYPE, READY, GROUPS, MDEVS, DETAIL). The detail (the
+    string, with a header line and one row per node (HOST, TYPE, READY, GROUPS, MDEVS, DETAIL). The detail (the
     failed checks, or the GPUs and their drivers) wraps inside its own column, so no line is wider than O(width).
   - A node without a report (unreachable, or failed before the check) gets a row saying so.
   - P(gpuops.sandbox.readiness_document#filter) returns the same data as a dict for a JSON file.
@@ -93,13 +93,13 @@ def _rows(reports, hosts):
 def readiness_table(reports, hosts, width=100):
     width = max(int(width), 72)
     rows = _rows(reports, hosts)
-    sizes = [max([len(name)] + [len(row[i]) for row in rows]) for i, (name, _) in enumerate(COLUMNS)]
-    sizes = [min(size, cap) for size, (_, cap) in zip(sizes, COLUMNS)]
+    sizes = [max([len(name)] + [len(row[i]) for row in rows]) for i, (name, dummy) in enumerate(COLUMNS)]
+    sizes = [min(size, cap) for size, (dummy, cap) in zip(sizes, COLUMNS)]
     fixed = sum(sizes[1:]) + 2 * len(sizes)
     sizes[0] = max(min(sizes[0], width - fixed - 16), 12)  # the host column gives way to a readable DETAIL
     left = sizes[0] + fixed
     detail_width = max(width - left, 16)
-    lines = ["  ".join(name.ljust(size) for (name, _), size in zip(COLUMNS, sizes)) + "  DETAIL"]
+    lines = ["  ".join(name.ljust(size) for (name, dummy), size in zip(COLUMNS, sizes)) + "  DETAIL"]
     for row in rows:
         cells = [cell if len(cell) <= size else cell[:size - 1] + "~" for cell, size in zip(row[:-1], sizes)]
         wrapped = textwrap.wrap(row[-1], detail_width, break_on_hyphens=False, break_long_words=False) or [""]

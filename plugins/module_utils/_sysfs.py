@@ -13,6 +13,7 @@ fake tree under a temporary directory instead of patching ``open``.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 
@@ -48,7 +49,7 @@ def bounded_seconds(timeout, high=MAX_WAIT):
         value = float(high) if timeout > 0 else 0.0
     except (TypeError, ValueError):
         value = 0.0
-    if value != value:  # nan
+    if math.isnan(value):
         value = 0.0
     return min(max(value, 0.0), float(high))
 

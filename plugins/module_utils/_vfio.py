@@ -26,7 +26,6 @@ import time
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     MAX_WAIT,
-    SysfsError,
     bounded_seconds,
     host_path,
     link_name,

@@ -68,8 +68,8 @@ def vmis(kube_api):
 def reboot_tasks(api, tmp_path, **variables):
     """host_reboot's reboot tasks for NODE, run on the controller in check mode; (rc, output)."""
     play = [{"name": "drain check", "hosts": NODE, "gather_facts": False,
-             "tasks": [{"name": "Reboot tasks", "ansible.builtin.include_role": {"name": "gpuops.sandbox.host_reboot",
-                                                                             "tasks_from": "reboot.yml"}}]}]
+             "tasks": [{"name": "Reboot tasks",
+                        "ansible.builtin.include_role": {"name": "gpuops.sandbox.host_reboot", "tasks_from": "reboot.yml"}}]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     inventory = {"all": {"hosts": {NODE: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))

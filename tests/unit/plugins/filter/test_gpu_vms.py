@@ -31,8 +31,8 @@ def test_gpus_host_devices_and_claims_count_on_this_node_only():
         vmi("plain", domain={"devices": {"disks": [{"name": "d"}]}}), vmi("other", node="n2", domain=GPU),
         vmi("done", phase="Succeeded", domain=GPU), vmi("failed", phase="Failed", domain=GPU),
         vmi("pending", phase="Scheduling", domain=GPU), vmi("x", namespace="a", domain=GPU)], "n1")
-    assert [(v["namespace"], v["name"]) for v in found] == [("a", "x"), ("vms", "a"), ("vms", "b"), ("vms", "c"),
-                                                             ("vms", "pending")]
+    wanted = [("a", "x"), ("vms", "a"), ("vms", "b"), ("vms", "c"), ("vms", "pending")]
+    assert [(v["namespace"], v["name"]) for v in found] == wanted
     by = dict((v["name"], v) for v in found)
     assert by["b"]["devices"] == ["nvidia.com/GA102GL_A10"] and by["b"]["owner"] == "b-vm"
     assert by["a"]["devices"] == ["nvidia.com/NVIDIA_A10-24Q"] and by["a"]["owner"] is None

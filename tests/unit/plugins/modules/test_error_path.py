@@ -69,6 +69,6 @@ def test_the_module_never_exits_by_itself(name):
 @pytest.mark.parametrize("name", UTILS)
 def test_every_error_class_is_a_gpuops_error(name):
     util = importlib.import_module("ansible_collections.gpuops.sandbox.plugins.module_utils." + name)
-    for _, cls in inspect.getmembers(util, inspect.isclass):
+    for dummy, cls in inspect.getmembers(util, inspect.isclass):
         if issubclass(cls, Exception) and cls.__module__ == util.__name__:
             assert issubclass(cls, GpuopsError), cls

@@ -339,10 +339,10 @@ def test_timeout_out_of_bounds_is_refused_before_any_change(host, timeout, messa
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("\uff11\uff11\uff15\uff15", "vGPU type id '\uff11\uff11\uff15\uff15' is not valid: write type ids with the "
-                                     "ASCII digits 0-9 (e.g. 1155)"),
-    ("\u0661\u0661\u0665\u0665", "vGPU type id '\u0661\u0661\u0665\u0665' is not valid: write type ids with the "
-                                     "ASCII digits 0-9 (e.g. 1155)"),
+    ("\uff11\uff11\uff15\uff15",
+     "vGPU type id '\uff11\uff11\uff15\uff15' is not valid: write type ids with the ASCII digits 0-9 (e.g. 1155)"),
+    ("\u0661\u0661\u0665\u0665",
+     "vGPU type id '\u0661\u0661\u0665\u0665' is not valid: write type ids with the ASCII digits 0-9 (e.g. 1155)"),
     ("1234567890", "vGPU type id '1234567890' is not valid: type ids have at most 9 digits (e.g. 1155)"),
     ("1" * 5000, "type '" + "1" * 29 + "... (5000 characters) is not valid: mdev type ids and names have at most "
                  "200 characters"),
