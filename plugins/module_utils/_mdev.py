@@ -25,7 +25,7 @@ import os
 import re
 import uuid as uuidlib
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov, _sysfs
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     MAX_WAIT,
     PCI_ADDRESS_RE,
@@ -39,7 +39,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     read_attr,
     write_attr,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text
 
 MDEV_BUS = "/sys/class/mdev_bus"
 MDEV_DEVICES = "/sys/bus/mdev/devices"
@@ -619,7 +619,7 @@ def build_plan(request, root="/"):
 def build_plan_waiting(request, root="/", timeout=0):
     """build_plan, retried for up to ``timeout`` seconds (clamped to 0..MAX_WAIT) while a parent or a type is
     missing."""
-    deadline = _sriov._monotonic() + bounded_seconds(timeout, MAX_WAIT)
+    deadline = _sysfs._monotonic() + bounded_seconds(timeout, MAX_WAIT)
     while True:
         try:
             return build_plan(request, root)
@@ -627,12 +627,12 @@ def build_plan_waiting(request, root="/", timeout=0):
             retryable = getattr(exc, "retryable", False)
             if not retryable:
                 raise
-            if _sriov._monotonic() >= deadline:
+            if _sysfs._monotonic() >= deadline:
                 if timeout:
                     exc.msg = "%s (waited %ss)" % (exc.msg, timeout)
                     exc.args = (exc.msg,)
                 raise
-        _sriov._sleep(_sriov.POLL_INTERVAL)
+        _sysfs._sleep(_sysfs.POLL_INTERVAL)
 
 
 # --------------------------------------------------------------------------- applying (writes + read-back)
@@ -643,7 +643,7 @@ def create_entry(entry, root="/", timeout=5):
     if entry["backend"] == BACKEND_NVIDIA:
         path = os.path.join(vf_dir(entry["parent"], root), "nvidia", "current_vgpu_type")
         write_attr(path, str(entry["type_id"]))
-        if not _sriov.wait_until(lambda: current_vgpu_type(entry["parent"], root) == entry["type_id"], timeout):
+        if not _sysfs.wait_until(lambda: current_vgpu_type(entry["parent"], root) == entry["type_id"], timeout):
             got = current_vgpu_type(entry["parent"], root)
             if got == entry["type_id"]:
                 return
@@ -657,7 +657,7 @@ def create_entry(entry, root="/", timeout=5):
     def confirmed():
         return os.path.exists(dev) and link_name(os.path.join(dev, "mdev_type")) == entry["type_id"]
 
-    if not _sriov.wait_until(confirmed, timeout):
+    if not _sysfs.wait_until(confirmed, timeout):
         found = link_name(os.path.join(dev, "mdev_type")) if os.path.exists(dev) else None
         if os.path.exists(dev):
             try:
@@ -674,13 +674,13 @@ def remove_entry(entry, root="/", timeout=5):
     if entry["backend"] == BACKEND_NVIDIA:
         path = os.path.join(vf_dir(entry["parent"], root), "nvidia", "current_vgpu_type")
         write_attr(path, "0")
-        if not _sriov.wait_until(lambda: current_vgpu_type(entry["parent"], root) == 0, timeout):
+        if not _sysfs.wait_until(lambda: current_vgpu_type(entry["parent"], root) == 0, timeout):
             raise MdevError("wrote 0 to %s but current_vgpu_type still reads %d"
                             % (path, current_vgpu_type(entry["parent"], root)), kind=E_APPLY)
         return
     dev = host_path(root, "%s/%s" % (MDEV_DEVICES, entry["uuid"]))
     write_attr(os.path.join(dev, "remove"), "1")
-    if not _sriov.wait_until(lambda: not os.path.exists(dev), timeout):
+    if not _sysfs.wait_until(lambda: not os.path.exists(dev), timeout):
         raise MdevError("wrote 1 to %s/%s/remove but the device is still there" % (MDEV_DEVICES, entry["uuid"]),
                         kind=E_APPLY)
 
@@ -690,14 +690,6 @@ def describe_entry(entry):
         return "vGPU type %s on %s" % (entry["type_id"], entry["parent"])
     return "%s (type %s on %s)" % (entry["uuid"], entry["type_id"], entry["parent"])
 
-
-def _reason(exc):
-    """The message of a collection error, the text of any other (with its type when not an OS error)."""
-    if isinstance(exc, GpuopsError):
-        return exc.msg
-    if isinstance(exc, (IOError, OSError)):
-        return str(exc)
-    return "%s: %s" % (type(exc).__name__, exc)
 
 
 def undo(done, root="/", timeout=5):
@@ -714,7 +706,7 @@ def undo(done, root="/", timeout=5):
                 create_entry(entry, root, timeout)
             rolled_back.append(describe_entry(entry))
         except Exception as rexc:  # pylint: disable=broad-exception-caught
-            rollback_errors.append("%s: %s" % (describe_entry(entry), _reason(rexc)))
+            rollback_errors.append("%s: %s" % (describe_entry(entry), error_text(rexc)))
     return rolled_back, rollback_errors
 
 
@@ -745,7 +737,7 @@ def apply_plan(plan, root="/", timeout=5):
             done.append(("created", entry))
     except Exception as exc:  # pylint: disable=broad-exception-caught
         rolled_back, rollback_errors = undo(done, root, timeout)
-        msg = "%s; %s" % (_reason(exc), describe_undo(done, rolled_back, rollback_errors))
+        msg = "%s; %s" % (error_text(exc), describe_undo(done, rolled_back, rollback_errors))
         raise MdevError(msg, kind=E_APPLY, done=[describe_entry(e) for _a, e in done],
                         rolled_back=rolled_back, rollback_errors=rollback_errors)
     return done

@@ -37,6 +37,15 @@ class GpuopsError(Exception):
         return self.msg
 
 
+def error_text(exc):
+    """The message of a collection error, the text of any other (with its type when it is not an OS error)."""
+    if isinstance(exc, GpuopsError):
+        return exc.msg
+    if isinstance(exc, (IOError, OSError)):
+        return str(exc)
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
 def hide(module, *secrets):
     """Mask ``secrets`` (non-empty strings, also their stripped forms) in everything the module returns."""
     for secret in secrets:

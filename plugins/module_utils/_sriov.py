@@ -15,27 +15,20 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
-    MAX_WAIT,
     SysfsError,
-    bounded_seconds,
     host_path,
     link_name,
     pci_device_dir,
     read_attr,
     write_attr,
+    wait_until,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
 VIRTFN_RE = re.compile(r"\Avirtfn([0-9]{1,9})\Z")
 
-# Indirections so unit tests can run the bounded waits without really sleeping.
-_sleep = time.sleep
-_monotonic = time.monotonic
-
-POLL_INTERVAL = 0.2
 
 
 class SriovError(GpuopsError):
@@ -50,18 +43,6 @@ class SriovError(GpuopsError):
         self.details = details
 
 
-def wait_until(predicate, timeout, interval=POLL_INTERVAL):
-    """Call ``predicate`` until it returns a true value or ``timeout`` seconds have passed.
-
-    The predicate is always called at least once. Returns its last value. ``timeout`` is clamped to
-    0..MAX_WAIT seconds, so no value (inf, nan, an integer too large for a float) raises here.
-    """
-    deadline = _monotonic() + bounded_seconds(timeout, MAX_WAIT)
-    while True:
-        value = predicate()
-        if value or _monotonic() >= deadline:
-            return value
-        _sleep(interval)
 
 
 def _read_int(path, what):

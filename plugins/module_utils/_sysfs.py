@@ -16,6 +16,7 @@ import errno
 import math
 import os
 import re
+import time
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 
@@ -39,6 +40,10 @@ class SysfsError(GpuopsError):
 # The longest wait, in seconds, any timeout option of the host modules accepts (they check it up front); the
 # wait helpers also clamp to it, so no value (inf, nan, an integer too large for a float) can raise there.
 MAX_WAIT = 3600
+POLL_INTERVAL = 0.1
+# The clock of every wait of the collection (unit tests replace these two).
+_sleep = time.sleep
+_monotonic = time.monotonic
 
 
 def bounded_seconds(timeout, high=MAX_WAIT):
@@ -123,3 +128,17 @@ def link_name(path):
     if not os.path.islink(path):
         return None
     return os.path.basename(os.readlink(path))
+
+
+def wait_until(predicate, timeout, interval=None):
+    """Call ``predicate`` until it returns a true value or ``timeout`` seconds have passed; return its last value.
+
+    The predicate is always called at least once. ``timeout`` is clamped to 0..MAX_WAIT seconds, so no value
+    (inf, nan, an integer too large for a float) raises here, in the middle of a change.
+    """
+    deadline = _monotonic() + bounded_seconds(timeout, MAX_WAIT)
+    while True:
+        value = predicate()
+        if value or _monotonic() >= deadline:
+            return value
+        _sleep(POLL_INTERVAL if interval is None else interval)

@@ -22,17 +22,15 @@ import fnmatch
 import json
 import os
 import re
-import time
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
-    MAX_WAIT,
-    bounded_seconds,
     host_path,
     link_name,
     normalize_pci_address,
     pci_device_dir,
     read_attr,
     write_attr,
+    wait_until,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     VFIO_PCI_DRIVER,
@@ -44,7 +42,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     sriov_info,
     vgpu_info,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text
 
 PCI_DRIVERS = "/sys/bus/pci/drivers"
 DRIVERS_PROBE = "/sys/bus/pci/drivers_probe"
@@ -61,11 +59,8 @@ DRIVER_NAME_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
 _NVIDIA_MINOR_RE = re.compile(r"^Device Minor:[ \t]*([0-9]{1,9})[ \t]*$", re.MULTILINE)
 _NVIDIA_NODE_RE = re.compile(r"\Anvidia([0-9]{1,9})\Z")
 _NULL_OVERRIDE = "(null)"
-POLL_INTERVAL = 0.1
 
 # Indirection so unit tests can make waiting instant.
-_sleep = time.sleep
-_monotonic = time.monotonic
 
 
 class VfioError(GpuopsError):
@@ -105,18 +100,6 @@ def driver_label(driver):
     return driver if driver else NONE_DRIVER
 
 
-def wait_until(predicate, timeout):
-    """Call ``predicate`` until it is true or ``timeout`` seconds passed; return its last value.
-
-    ``timeout`` is clamped to 0..MAX_WAIT seconds (the module checks it up front; this keeps any value,
-    such as an integer too large for a float, from raising in the middle of a change).
-    """
-    deadline = _monotonic() + bounded_seconds(timeout, MAX_WAIT)
-    while True:
-        value = predicate()
-        if value or _monotonic() >= deadline:
-            return value
-        _sleep(POLL_INTERVAL)
 
 
 def current_driver(address, root="/"):
@@ -620,17 +603,9 @@ def rollback(done, root="/", timeout=10):
             lines.append("%s back on %s" % (step["address"], driver_label(driver)))
         except Exception as exc:  # pylint: disable=broad-exception-caught
             # Carry on past any error: the other functions must still go back.
-            lines.append("%s NOT restored: %s" % (step["address"], _reason(exc)))
+            lines.append("%s NOT restored: %s" % (step["address"], error_text(exc)))
     return lines
 
-
-def _reason(exc):
-    """The message of a collection error, the text of any other (with its type when not an OS error)."""
-    if isinstance(exc, GpuopsError):
-        return exc.msg
-    if isinstance(exc, (IOError, OSError)):
-        return str(exc)
-    return "%s: %s" % (type(exc).__name__, exc)
 
 
 def describe_rollback(lines):
@@ -656,6 +631,6 @@ def apply_steps(steps, root="/", timeout=10):
             what = ("binding %s to %s" % (step["address"], step["target"]) if step["action"] == "bind"
                     else "restoring %s" % step["address"])
             lines = rollback(done, root, timeout)
-            reason = _reason(exc)
+            reason = error_text(exc)
             raise VfioError("%s failed: %s; %s" % (what, reason, describe_rollback(lines)), rollback=lines)
     return done

@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _sysfs
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
@@ -173,7 +173,7 @@ class MdevKernel(FakeKernel):
 def install(monkeypatch, kernel):
     monkeypatch.setattr(_sriov, "write_attr", kernel.write)
     monkeypatch.setattr(_mdev, "write_attr", kernel.write)
-    monkeypatch.setattr(_sriov, "_sleep", lambda _seconds: None)
+    monkeypatch.setattr(_sysfs, "_sleep", lambda _seconds: None)
 
 
 def build_a100(tree, kernel, vfs=4):
@@ -375,7 +375,7 @@ def test_wait_for_late_parent(tmp_path, monkeypatch):
         if len(slept) == 3:
             build_mtty(tree, kernel)
 
-    monkeypatch.setattr(_sriov, "_sleep", appear)
+    monkeypatch.setattr(_sysfs, "_sleep", appear)
     plan = _mdev.build_plan_waiting(request(), tree.root, timeout=30)
     assert len(slept) == 3 and len(plan["create"]) == 1
 
@@ -383,8 +383,8 @@ def test_wait_for_late_parent(tmp_path, monkeypatch):
 def test_wait_is_bounded(tmp_path, monkeypatch):
     tree = FakeTree(tmp_path)
     clock = [100.0]
-    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(_sriov, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(_sysfs, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sysfs, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     with pytest.raises(_mdev.MdevError) as info:
         _mdev.build_plan_waiting(request(), tree.root, timeout=2)
     assert info.value.msg.endswith("(waited 2s)")
@@ -393,7 +393,7 @@ def test_wait_is_bounded(tmp_path, monkeypatch):
 
 def test_non_retryable_errors_do_not_wait(host, monkeypatch):
     tree, _kernel = host
-    monkeypatch.setattr(_sriov, "_sleep", lambda s: pytest.fail("must not wait"))
+    monkeypatch.setattr(_sysfs, "_sleep", lambda s: pytest.fail("must not wait"))
     with pytest.raises(_mdev.MdevError, match="13 needed"):
         _mdev.build_plan_waiting(request(type="mtty-2", count=13), tree.root, timeout=30)
 
@@ -711,16 +711,16 @@ def test_wait_for_plan_is_bounded_with_a_huge_timeout(tmp_path, monkeypatch):
 
     def sleep(seconds):
         clock[0] += seconds
-        if clock[0] > 2 * _sriov.MAX_WAIT:
+        if clock[0] > 2 * _sysfs.MAX_WAIT:
             raise AssertionError("build_plan_waiting is not bounded by MAX_WAIT")
 
-    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(_sriov, "_sleep", sleep)
+    monkeypatch.setattr(_sysfs, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sysfs, "_sleep", sleep)
     for timeout in (10 ** 400, float("inf")):
         clock[0] = 0.0
         with pytest.raises(_mdev.MdevError, match="this host has no mdev parents"):
             _mdev.build_plan_waiting(request(), tree.root, timeout)
-    assert clock[0] <= _sriov.MAX_WAIT + 1
+    assert clock[0] <= _sysfs.MAX_WAIT + 1
 
 
 def test_apply_rolls_back_on_any_exception(host, monkeypatch):

@@ -187,7 +187,7 @@ def tree(tmp_path):
 def kernel(tree, monkeypatch):
     fake = FakeKernel(tree)
     monkeypatch.setattr(_sriov, "write_attr", fake.write)
-    monkeypatch.setattr(_sriov, "_sleep", lambda _seconds: None)
+    monkeypatch.setattr(_sysfs, "_sleep", lambda _seconds: None)
     return fake
 
 
@@ -235,12 +235,12 @@ def test_list_vfs_orders_by_index_not_name(tree, kernel):
 
 def test_wait_until_is_bounded(monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sysfs, "_monotonic", lambda: clock[0])
 
     def tick(seconds):
         clock[0] += seconds
 
-    monkeypatch.setattr(_sriov, "_sleep", tick)
+    monkeypatch.setattr(_sysfs, "_sleep", tick)
     calls = []
     assert not _sriov.wait_until(lambda: calls.append(1), 1.0, interval=0.25)
     assert len(calls) == 5
@@ -390,13 +390,13 @@ def test_wait_until_never_raises_and_is_bounded(monkeypatch, timeout):
 
     def sleep(seconds):
         clock[0] += seconds
-        if clock[0] > 2 * _sriov.MAX_WAIT:
+        if clock[0] > 2 * _sysfs.MAX_WAIT:
             raise AssertionError("wait_until is not bounded by MAX_WAIT")
 
-    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(_sriov, "_sleep", sleep)
+    monkeypatch.setattr(_sysfs, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sysfs, "_sleep", sleep)
     assert _sriov.wait_until(lambda: False, timeout) is False
-    assert clock[0] <= _sriov.MAX_WAIT + _sriov.POLL_INTERVAL
+    assert clock[0] <= _sysfs.MAX_WAIT + _sysfs.POLL_INTERVAL
 
 
 def test_undo_numvfs_goes_back_through_zero(tree, kernel):

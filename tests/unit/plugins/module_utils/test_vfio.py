@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sysfs, _vfio
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
 
@@ -156,8 +156,8 @@ def snapshot_without(tree, *prefixes):
 @pytest.fixture
 def clock(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(_vfio, "_monotonic", lambda: now[0])
-    monkeypatch.setattr(_vfio, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    monkeypatch.setattr(_sysfs, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(_sysfs, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
     return now
 
 
@@ -478,14 +478,14 @@ def test_wait_until_never_raises_and_is_bounded(monkeypatch, timeout):
 
     def sleep(seconds):
         now[0] += seconds
-        if now[0] > 2 * _vfio.MAX_WAIT:
+        if now[0] > 2 * _sysfs.MAX_WAIT:
             raise AssertionError("wait_until is not bounded by MAX_WAIT")
 
-    monkeypatch.setattr(_vfio, "_monotonic", lambda: now[0])
-    monkeypatch.setattr(_vfio, "_sleep", sleep)
+    monkeypatch.setattr(_sysfs, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(_sysfs, "_sleep", sleep)
     calls = []
     assert _vfio.wait_until(lambda: calls.append(1), timeout) is None
-    assert now[0] <= _vfio.MAX_WAIT + _vfio.POLL_INTERVAL
+    assert now[0] <= _sysfs.MAX_WAIT + _sysfs.POLL_INTERVAL
     assert _vfio.wait_until(lambda: "done", timeout) == "done"
 
 

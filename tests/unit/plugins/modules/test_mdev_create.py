@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _sysfs
 from ansible_collections.gpuops.sandbox.plugins.modules import mdev_create
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_mdev import (
     A100_PF,
@@ -299,8 +299,8 @@ def test_late_parent_times_out_with_clear_error(tmp_path, monkeypatch):
     tree = FakeTree(tmp_path)
     clock = [0.0]
     from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
-    monkeypatch.setattr(_sriov, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(_sriov, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(_sysfs, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(_sysfs, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "timeout": 3})
     assert failed and result["kind"] == "missing_parent"
     assert "this host has no mdev parents" in result["msg"] and result["msg"].endswith("(waited 3s)")

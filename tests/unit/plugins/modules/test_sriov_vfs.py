@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov, _sysfs
 from ansible_collections.gpuops.sandbox.plugins.modules import sriov_vfs
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
     NVME_PF,
@@ -59,7 +59,7 @@ def host(tmp_path, monkeypatch):
     tree = FakeTree(tmp_path)
     kernel = FakeKernel(tree)
     monkeypatch.setattr(_sriov, "write_attr", kernel.write)
-    monkeypatch.setattr(_sriov, "_sleep", lambda _seconds: None)
+    monkeypatch.setattr(_sysfs, "_sleep", lambda _seconds: None)
     add_nvme_pf(tree)
     return tree, kernel
 

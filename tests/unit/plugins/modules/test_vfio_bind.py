@@ -18,7 +18,7 @@ from hypothesis import strategies as hs
 
 from ansible.module_utils import basic
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sysfs, _vfio
 from ansible_collections.gpuops.sandbox.plugins.modules import vfio_bind
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_vfio import RELEASE, VfioKernel
@@ -38,8 +38,8 @@ LAB_ARGS = {"vendors": ["1234:11e8"], "classes": ["00ff00"]}
 @pytest.fixture(autouse=True)
 def fast_clock(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(_vfio, "_monotonic", lambda: now[0])
-    monkeypatch.setattr(_vfio, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    monkeypatch.setattr(_sysfs, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(_sysfs, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
 
 
 def make_host(monkeypatch, tree, **kwargs):
