@@ -219,6 +219,33 @@ def kubelab_status(env=None):
     return json.loads(kubelab("status", "--json", check=True, env=env, timeout=120).stdout)
 
 
+def kubectl(api, *args, check=True, stdin=None, kubeconfig=None):
+    """kubectl with the API server's admin kubeconfig (or ``kubeconfig``); AssertionError on failure when ``check``."""
+    proc = subprocess.run([os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", kubeconfig or api["kubeconfig"]]
+                          + list(args), text=True, capture_output=True, timeout=120, check=False, input=stdin)
+    if check and proc.returncode:
+        raise AssertionError("kubectl %s: %s" % (" ".join(args), proc.stderr))
+    return proc
+
+
+def kget(api, *args):
+    return json.loads(kubectl(api, "get", *args, "-o", "json").stdout)
+
+
+def kfind(api, *args):
+    """The object, or None when it does not exist."""
+    proc = kubectl(api, "get", *args, "-o", "json", "--ignore-not-found")
+    return json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+def helm(api, env, *args, check=True):
+    proc = subprocess.run([os.path.join(api["bin_dir"], "helm"), "--kubeconfig", api["kubeconfig"]] + list(args),
+                          text=True, capture_output=True, timeout=300, check=False, env=env)
+    if check and proc.returncode:
+        raise AssertionError("helm %s: %s" % (" ".join(args), proc.stderr))
+    return proc
+
+
 def delete_crds(api, names, timeout=180):
     """Delete CRDs (kubectl names, e.g. `customresourcedefinition.apiextensions.k8s.io/x`) and wait until
     they are gone; raise AssertionError naming the ones left after `timeout` seconds.

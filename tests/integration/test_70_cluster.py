@@ -23,7 +23,7 @@ import threading
 import pytest
 import yaml
 
-from conftest import TOP, run
+from conftest import TOP, kget, kubectl, run
 
 NODES = {"lab-container": "container", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu"}
 WL, VG = "nvidia.com/gpu.workload.config", "nvidia.com/vgpu.config"
@@ -44,18 +44,6 @@ VM_CRD = os.path.join(TOP, "tests", "fixtures", "kubevirt-vm-crd.yaml")
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-
-def kubectl(api, *args, kubeconfig=None, check=True, input=None):  # pylint: disable=redefined-builtin
-    cmd = [os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", kubeconfig or api["kubeconfig"]] + list(args)
-    proc = subprocess.run(cmd, text=True, capture_output=True, timeout=120, check=False, input=input)
-    if check and proc.returncode:
-        raise AssertionError("%s: %s" % (" ".join(args), proc.stderr))
-    return proc
-
-
-def kget(api, *args):
-    return json.loads(kubectl(api, "get", *args, "-o", "json").stdout)
-
 
 def snapshot(api):
     """What the cluster half may change: node labels and taints, the KubeVirt CR, Helm releases."""
@@ -426,14 +414,14 @@ def test_validate_waits_for_the_dra_drivers_slices_then_tries_a_vm_with_a_claim(
         assert ("Node lab-container (dra) still lacks after 1 attempts: DeviceClass vfio.gpu.nvidia.com, "
                 "a ResourceSlice of gpu.nvidia.com with devices.") in flat, flat[-4000:]
         assert "Traceback" not in proc.stdout
-        kubectl(kube_api, "create", "-f", "-", input=json.dumps(device_class))
+        kubectl(kube_api, "create", "-f", "-", stdin=json.dumps(device_class))
         # A slice with only MIG devices offers nothing a VM or a container of this node type asks for.
-        kubectl(kube_api, "create", "-f", "-", input=json.dumps(dra_slice([("gpu-0-mig-1", "mig")])))
+        kubectl(kube_api, "create", "-f", "-", stdin=json.dumps(dra_slice([("gpu-0-mig-1", "mig")])))
         proc, flat = validate()
         assert proc.returncode != 0
         assert ("Node lab-container (dra) still lacks after 1 attempts: a gpu.nvidia.com device of type vfio or gpu "
                 "in its ResourceSlices (they offer mig).") in flat, flat[-4000:]
-        kubectl(kube_api, "replace", "-f", "-", input=json.dumps(dra_slice([("gpu-0", "gpu"), ("gpu-0-vfio", "vfio")])))
+        kubectl(kube_api, "replace", "-f", "-", stdin=json.dumps(dra_slice([("gpu-0", "gpu"), ("gpu-0-vfio", "vfio")])))
         kubectl(kube_api, "apply", "-f", VM_CRD)
         kubectl(kube_api, "wait", "--for=condition=Established", "crd/virtualmachines.kubevirt.io", "--timeout=60s")
         proc, flat = validate("-e", "gpuops_validate_test_vm=true", "-e", "cluster_validate_vm_running=false",

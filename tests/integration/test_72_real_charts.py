@@ -24,14 +24,13 @@ namespace controller a deleted namespace would hang in Terminating).
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
 import pytest
 import yaml
 
-from conftest import TOP, delete_crds, run
+from conftest import TOP, delete_crds, helm, kfind, kget, kubectl, run
 
 UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
 REAL_CHARTS = {"gpu-operator": os.path.join(UPSTREAM, "gpu-operator", "chart"),
@@ -61,32 +60,6 @@ DEVICE_PLUGIN_OFF = {"nvidia.com/gpu.deploy.device-plugin": "false"}
 # ---------------------------------------------------------------------------------------------
 # Helpers (the few test_70 has too, kept here so the two modules stay independent)
 # ---------------------------------------------------------------------------------------------
-
-def kubectl(api, *args, check=True, stdin=None):
-    proc = subprocess.run([os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", api["kubeconfig"]] + list(args),
-                          text=True, capture_output=True, timeout=120, check=False, input=stdin)
-    if check and proc.returncode:
-        raise AssertionError("kubectl %s: %s" % (" ".join(args), proc.stderr))
-    return proc
-
-
-def kget(api, *args):
-    return json.loads(kubectl(api, "get", *args, "-o", "json").stdout)
-
-
-def kfind(api, *args):
-    """The object, or None when it does not exist."""
-    proc = kubectl(api, "get", *args, "-o", "json", "--ignore-not-found")
-    return json.loads(proc.stdout) if proc.stdout.strip() else None
-
-
-def helm(api, env, *args, check=True):
-    proc = subprocess.run([os.path.join(api["bin_dir"], "helm"), "--kubeconfig", api["kubeconfig"]] + list(args),
-                          text=True, capture_output=True, timeout=300, check=False, env=env)
-    if check and proc.returncode:
-        raise AssertionError("helm %s: %s" % (" ".join(args), proc.stderr))
-    return proc
-
 
 def claim_state(api):
     template = kfind(api, RCT, CLAIM["name"], "-n", CLAIM["namespace"])

@@ -13,19 +13,11 @@ import sys
 import pytest
 import yaml
 
-from conftest import TOP, delete_crds
+from conftest import TOP, delete_crds, kubectl
 
 VMI_CRD = os.path.join(TOP, "tests", "fixtures", "kubevirt-vmi-crd.yaml")
 NODE = "lab-passthrough"
 NAMESPACE = "default"
-
-
-def kubectl(api, *args, check=True, stdin=None):
-    proc = subprocess.run([os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", api["kubeconfig"]] + list(args),
-                          text=True, capture_output=True, timeout=120, check=False, input=stdin)
-    if check and proc.returncode:
-        raise AssertionError("kubectl %s: %s" % (" ".join(args), proc.stderr))
-    return proc
 
 
 def vmi(name, node, spec, phase="Running", owner=None):

@@ -25,14 +25,13 @@ the charts added deleted, the stand-in CRD, nodes and the KubeVirt CR restored.
 
 import json
 import os
-import subprocess
 import sys
 import time
 
 import pytest
 import yaml
 
-from conftest import TOP, delete_crds, run
+from conftest import TOP, delete_crds, helm, kfind, kget, kubectl, run
 
 UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
 CHARTS = {"gpu-operator": os.path.join(UPSTREAM, "gpu-operator", "chart"),
@@ -106,31 +105,6 @@ pytestmark = pytest.mark.skipif(not HAVE_UPSTREAM, reason="the GPU Operator's so
 # ---------------------------------------------------------------------------------------------
 # Helpers (the few test_70/test_72 have too, kept here so the modules stay independent)
 # ---------------------------------------------------------------------------------------------
-
-def kubectl(api, *args, check=True, stdin=None):
-    proc = subprocess.run([os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", api["kubeconfig"]] + list(args),
-                          text=True, capture_output=True, timeout=120, check=False, input=stdin)
-    if check and proc.returncode:
-        raise AssertionError("kubectl %s: %s" % (" ".join(args), proc.stderr))
-    return proc
-
-
-def kget(api, *args):
-    return json.loads(kubectl(api, "get", *args, "-o", "json").stdout)
-
-
-def kfind(api, *args):
-    proc = kubectl(api, "get", *args, "-o", "json", "--ignore-not-found")
-    return json.loads(proc.stdout) if proc.stdout.strip() else None
-
-
-def helm(api, env, *args, check=True):
-    proc = subprocess.run([os.path.join(api["bin_dir"], "helm"), "--kubeconfig", api["kubeconfig"]] + list(args),
-                          text=True, capture_output=True, timeout=300, check=False, env=env)
-    if check and proc.returncode:
-        raise AssertionError("helm %s: %s" % (" ".join(args), proc.stderr))
-    return proc
-
 
 def operatorlab(lab, *args, timeout=600, check=True):
     return run(OPERATORLAB + list(args), timeout=timeout, check=check, env=lab["operator_env"])
