@@ -691,7 +691,6 @@ def describe_entry(entry):
     return "%s (type %s on %s)" % (entry["uuid"], entry["type_id"], entry["parent"])
 
 
-
 def undo(done, root="/", timeout=5):
     """Undo the ``(action, entry)`` changes of ``done`` in reverse order, carrying on past errors.
 

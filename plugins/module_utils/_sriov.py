@@ -30,7 +30,6 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._module import Gpuo
 VIRTFN_RE = re.compile(r"\Avirtfn([0-9]{1,9})\Z")
 
 
-
 class SriovError(GpuopsError):
     """An SR-IOV precondition failed or a change could not be applied or confirmed.
 
@@ -41,8 +40,6 @@ class SriovError(GpuopsError):
         super().__init__(msg, **details)
         self.msg = msg
         self.details = details
-
-
 
 
 def _read_int(path, what):

@@ -100,8 +100,6 @@ def driver_label(driver):
     return driver if driver else NONE_DRIVER
 
 
-
-
 def current_driver(address, root="/"):
     """Name of the driver ``address`` is bound to, or None."""
     return link_name(os.path.join(pci_device_dir(address, root), "driver"))
@@ -605,7 +603,6 @@ def rollback(done, root="/", timeout=10):
             # Carry on past any error: the other functions must still go back.
             lines.append("%s NOT restored: %s" % (step["address"], error_text(exc)))
     return lines
-
 
 
 def describe_rollback(lines):

@@ -10,8 +10,9 @@ FACTS = {"gpuops_gpus", "gpuops_iommu", "gpuops_host", "gpuops_mdev_parents", "g
 
 def used():
     names = set()
-    for path in glob.glob(os.path.join(TOP, "roles", "*", "*", "*.yml")) + glob.glob(os.path.join(TOP, "playbooks", "**", "*.yml"),
-                                                                                        recursive=True):
+    paths = glob.glob(os.path.join(TOP, "roles", "*", "*", "*.yml"))
+    paths += glob.glob(os.path.join(TOP, "playbooks", "**", "*.yml"), recursive=True)
+    for path in paths:
         with open(path, encoding="utf-8") as handle:
             names.update(re.findall(r"(?<![\w])gpuops_[a-z0-9_]+", handle.read()))
     return names - FACTS
