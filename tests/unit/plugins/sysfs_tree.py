@@ -497,3 +497,26 @@ def build_vfio_lab_host(root, release, vfio_loaded=False):
     tree.mkdir("/dev/vfio")
     tree.write("/dev/vfio/vfio", "")
     return tree
+
+
+def selector_fuzz_args(options, samples, max_size=4):
+    """Hypothesis strategies of module arguments for the read-only GPU selector modules (gpu_facts, iommu_check):
+    ``(any_args, typed_args)``. ``any_args`` is random values of every shape (``samples`` among them) for
+    ``options`` and a bogus one, or ``typed_args``: well-typed selector lists and booleans that reach the
+    selection and sysfs code rather than stopping at validation."""
+    from hypothesis import strategies as hs  # pylint: disable=import-outside-toplevel
+
+    hostile = ["inf", "-inf", "nan", "Infinity", "1e400", "9" * 40, "-" + "9" * 30, "10de\n", A10 + "\n", "0302\n",
+               "\n", "10d\u00e9", "\uff11\uff10de", "0000:65:00.\u0660", "yes", "on", "~"]
+    leaf = (hs.none() | hs.booleans() | hs.integers() | hs.integers(min_value=10 ** 30) | hs.floats()
+            | hs.text(alphabet=hs.characters(blacklist_categories=("Cs",)), max_size=12) | hs.sampled_from(hostile)
+            | hs.sampled_from(samples))
+    values = hs.recursive(leaf, lambda inner: hs.lists(inner, max_size=4)
+                          | hs.dictionaries(hs.text(max_size=4), inner, max_size=3), max_leaves=8)
+    random_args = hs.dictionaries(hs.sampled_from(list(options) + ["bogus"]), values, max_size=max_size)
+    selector = hs.lists(hs.sampled_from(["10de", "10de:2236", "1a03", "8086:347a", "0x10de", "10de:", "", "03",
+                                         "0302", "030200", "060400", "zz", A10, "65:00.1", "0000:99:00.0",
+                                         "0000:65:00.8"] + hostile) | hs.text(max_size=9), max_size=3)
+    typed_args = hs.fixed_dictionaries({}, optional={
+        name: (hs.booleans() if name.startswith(("include", "require")) else selector) for name in options})
+    return hs.one_of(random_args, typed_args), typed_args

@@ -60,3 +60,26 @@ def call(monkeypatch, func, args):
         except ModuleFail as exc:
             return "fail", exc.result
     raise AssertionError("the module returned without calling exit_json or fail_json")
+
+
+def raise_on_exit(monkeypatch):
+    """Make exit_json/fail_json raise ModuleExit/ModuleFail for the rest of the test."""
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
+
+
+def run_main(module, root, args, check=False, diff=False):
+    """Run ``module.main()`` with its ROOT at ``root`` and ``args`` (exit/fail_json patched to raise, see
+    raise_on_exit); return ``(result, failed)``."""
+    full = dict(args, _ansible_check_mode=check, _ansible_diff=diff)
+    module.ROOT = root
+    try:
+        with patch_module_args(full):
+            module.main()
+    except ModuleExit as done:
+        return done.result, False
+    except ModuleFail as failed:
+        return failed.result, True
+    finally:
+        module.ROOT = "/"
+    raise AssertionError("the module returned without calling exit_json or fail_json")

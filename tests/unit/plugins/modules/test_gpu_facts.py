@@ -9,7 +9,6 @@ import pathlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
@@ -168,23 +167,9 @@ def fuzz_root(tmp_path_factory):
     return st.build_gpu_host(tmp_path_factory.mktemp("fuzz")).root
 
 
-# Values that break naive parsing: non-finite and huge numbers, booleans as text, a trailing newline, non-ASCII.
-HOSTILE = ["inf", "-inf", "nan", "Infinity", "1e400", "9" * 40, "-" + "9" * 30, "10de\n", st.A10 + "\n", "0302\n",
-           "\n", "10d\u00e9", "\uff11\uff10de", "0000:65:00.\u0660", "yes", "on", "~"]
-_LEAF = (hs.none() | hs.booleans() | hs.integers() | hs.integers(min_value=10 ** 30) | hs.floats()
-         | hs.text(alphabet=hs.characters(blacklist_categories=("Cs",)), max_size=12) | hs.sampled_from(HOSTILE)
-         | hs.sampled_from(["10de", "10de:2236", "1a03:2000", st.A10, "65:00.1", "0000:99:00.0", "030200",
-                            "0302", "03", "", "yes", "no"]))
-_VALUES = hs.recursive(_LEAF, lambda inner: hs.lists(inner, max_size=4)
-                       | hs.dictionaries(hs.text(max_size=4), inner, max_size=3), max_leaves=8)
-_RANDOM_ARGS = hs.dictionaries(hs.sampled_from(OPTIONS + ["bogus"]), _VALUES, max_size=4)
-# Well-typed arguments reach the selection and sysfs code rather than stopping at argument validation.
-_SELECTOR = hs.lists(hs.sampled_from(["10de", "10de:2236", "1a03", "8086:347a", "0x10de", "10de:", "", "03",
-                                      "0302", "030200", "060400", "zz", st.A10, "65:00.1", "0000:99:00.0",
-                                      "0000:65:00.8"] + HOSTILE) | hs.text(max_size=9), max_size=3)
-_TYPED_ARGS = hs.fixed_dictionaries({}, optional={
-    name: (hs.booleans() if name.startswith(("include", "require")) else _SELECTOR) for name in OPTIONS})
-_ARGS = hs.one_of(_RANDOM_ARGS, _TYPED_ARGS)
+_ARGS, _TYPED_ARGS = st.selector_fuzz_args(
+    OPTIONS, ["10de", "10de:2236", "1a03:2000", st.A10, "65:00.1", "0000:99:00.0", "030200", "0302", "03", "", "yes", "no"],
+    max_size=4)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

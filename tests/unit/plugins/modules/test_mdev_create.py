@@ -15,11 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _sysfs
 from ansible_collections.gpuops.sandbox.plugins.modules import mdev_create
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import raise_on_exit, run_main
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_mdev import (
     A100_PF,
     A100_VFS,
@@ -38,48 +37,16 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOS
 UUID1 = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 
 
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
-def _exit(self, **kwargs):
-    kwargs.setdefault("changed", False)
-    raise ExitJson(kwargs)
-
-
-def _fail(self, msg, **kwargs):
-    kwargs["msg"] = msg
-    kwargs["failed"] = True
-    raise FailJson(kwargs)
-
-
 @pytest.fixture(autouse=True)
 def patched(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail)
+    raise_on_exit(monkeypatch)
 
 
 def run(tree, args, check=False, diff=False):
     """Run the module on the fake tree; return (result, failed)."""
     full = dict(args)
-    full["_ansible_check_mode"] = check
-    full["_ansible_diff"] = diff
     full.setdefault("timeout", 0)
-    mdev_create.ROOT = tree.root
-    try:
-        with patch_module_args(full):
-            mdev_create.main()
-    except ExitJson as done:
-        return done.args[0], False
-    except FailJson as failed:
-        return failed.args[0], True
-    finally:
-        mdev_create.ROOT = "/"
-    raise AssertionError("module returned without exit_json or fail_json")
+    return run_main(mdev_create, tree.root, full, check=check, diff=diff)
 
 
 @pytest.fixture

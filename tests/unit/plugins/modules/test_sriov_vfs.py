@@ -14,11 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov, _sysfs
 from ansible_collections.gpuops.sandbox.plugins.modules import sriov_vfs
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import raise_on_exit, run_main
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
     NVME_PF,
     FakeKernel,
@@ -29,29 +28,9 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sri
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOSTILE_VALUES
 
 
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
-def _exit(self, **kwargs):
-    kwargs.setdefault("changed", False)
-    raise ExitJson(kwargs)
-
-
-def _fail(self, msg, **kwargs):
-    kwargs["msg"] = msg
-    kwargs["failed"] = True
-    raise FailJson(kwargs)
-
-
 @pytest.fixture(autouse=True)
 def patched(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail)
+    raise_on_exit(monkeypatch)
 
 
 @pytest.fixture
@@ -65,21 +44,10 @@ def host(tmp_path, monkeypatch):
 
 
 def run(tree, args, check=False, diff=False):
+    """Run the module on the fake tree; return (result, failed)."""
     full = dict(args)
-    full["_ansible_check_mode"] = check
-    full["_ansible_diff"] = diff
     full.setdefault("timeout", 0)
-    sriov_vfs.ROOT = tree.root
-    try:
-        with patch_module_args(full):
-            sriov_vfs.main()
-    except ExitJson as done:
-        return done.args[0], False
-    except FailJson as failed:
-        return failed.args[0], True
-    finally:
-        sriov_vfs.ROOT = "/"
-    raise AssertionError("module returned without exit_json or fail_json")
+    return run_main(sriov_vfs, tree.root, full, check=check, diff=diff)
 
 
 def numvfs(tree):
