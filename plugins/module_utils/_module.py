@@ -81,6 +81,11 @@ def create_module(module_class, argument_spec, **kwargs):
         raise  # not reached: fail_json exits
 
 
+def _size(value):
+    """How many digits an integer has (str() of one of more than 4300 digits raises, so those are not spelt)."""
+    return "%d digits" % len(str(abs(value))) if abs(value) < 10 ** 4000 else "more than 4000 digits"
+
+
 def check_range(name, value, low=None, high=None, what="seconds"):
     """Raise GpuopsError unless ``low <= value <= high`` (either bound may be None); booleans are refused."""
     if value is None:
@@ -90,10 +95,26 @@ def check_range(name, value, low=None, high=None, what="seconds"):
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = "%s to %s" % (low, high) if low is not None and high is not None else (
             "at least %s" % low if low is not None else "at most %s" % high)
-        # str() of an integer of more than 4300 digits raises; the size is told instead of the digits.
-        shown = str(value) if abs(value) < 10 ** 20 else "a number of about %d digits" % int(value.bit_length() * 0.30103 + 1)
+        shown = str(value) if abs(value) <= 10 ** 15 else "a number of %s" % _size(value)
         raise GpuopsError("%s must be %s %s, got %s; nothing was changed" % (name, bounds, what, shown))
     return value
+
+
+def check_timeout(value, low, high, error=GpuopsError, name="timeout"):
+    """Raise ``error`` unless ``value`` is a whole number of seconds from ``low`` (0 or 1) to ``high``.
+
+    A number below ``low`` is told as the modules always told it ("must be 0 or a positive number of seconds");
+    anything else out of range, a boolean or a non-number as ``check_range`` tells it.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value < low:
+        raise error("%s must be %s number of seconds, got %d" % (name, "0 or a positive" if low == 0 else "a positive",
+                                                                 value))
+    try:
+        return check_range(name, value, low, high)
+    except GpuopsError as exc:
+        if error is GpuopsError:
+            raise
+        raise error(exc.msg) from exc
 
 
 def run_module(build, body, *args, **kwargs):

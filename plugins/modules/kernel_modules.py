@@ -186,7 +186,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     GpuopsError,
-    check_range,
+    check_timeout,
     create_module,
     run_module,
 )
@@ -266,13 +266,7 @@ def validate(params):
             raise ModulesError("softdeps for %s: expected a non-empty list of module names, got %s"
                                % (module, _shown(before)))
         _check_modules("softdeps for %s" % module, before)
-    timeout = params["timeout"]
-    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout <= 0:
-        raise ModulesError("timeout must be a positive number of seconds, got %d" % timeout)
-    try:
-        check_range("timeout", timeout, 1, MAX_TIMEOUT)
-    except GpuopsError as exc:
-        raise ModulesError(exc.msg)
+    check_timeout(params["timeout"], 1, MAX_TIMEOUT, ModulesError)
 
 
 def _header(name):

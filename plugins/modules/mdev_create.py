@@ -213,7 +213,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     GpuopsError,
-    check_range,
+    check_timeout,
     create_module,
     run_module,
 )
@@ -254,13 +254,7 @@ def build_request(params):
     if len(params["type"]) > MAX_TYPE_LENGTH:
         raise _mdev.MdevError("type %s is not valid: mdev type ids and names have at most %d characters"
                               % (_mdev.shown(params["type"]), MAX_TYPE_LENGTH))
-    timeout = params["timeout"]
-    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout < 0:
-        raise _mdev.MdevError("timeout must be 0 or a positive number of seconds, got %d" % timeout)
-    try:
-        check_range("timeout", timeout, 0, MAX_WAIT)
-    except GpuopsError as exc:
-        raise _mdev.MdevError(exc.msg)
+    check_timeout(params["timeout"], 0, MAX_WAIT, _mdev.MdevError)
     # A numeric vGPU type id is checked here too (ASCII digits, sane length), whatever the backend.
     _mdev.vgpu_type_id(params["type"])
     request = {

@@ -176,7 +176,6 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
     AUTH_ARGUMENT_SPEC,
     MAX_PARALLEL,
     KubeError,
-    check_bounded,
     check_label_key,
     connect,
     label_value,
@@ -189,6 +188,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     GpuopsError,
+    check_range,
     create_module,
     run_module,
 )
@@ -322,7 +322,7 @@ def run(module, api, wanted):
 def label_nodes(module, api_factory=connect):
     """The module's work: check every input, connect, plan and apply; the result dict or a GpuopsError."""
     params = module.params
-    check_bounded("parallel", params["parallel"], 1, MAX_PARALLEL, "patches in flight")
+    check_range("parallel", params["parallel"], 1, MAX_PARALLEL, "patches in flight")
     try:
         wanted = normalise(params["nodes"])
     except ValueError as exc:

@@ -163,7 +163,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     GpuopsError,
-    check_range,
+    check_timeout,
     create_module,
     run_module,
 )
@@ -200,13 +200,7 @@ def _diff_text(numvfs, autoprobe):
 
 def check_params(params):
     """Checks the argument spec cannot express (booleans are ints to it); raise SriovError, change nothing."""
-    timeout = params["timeout"]
-    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout < 0:
-        raise _sriov.SriovError("timeout must be 0 or a positive number of seconds, got %d" % timeout)
-    try:
-        check_range("timeout", timeout, 0, MAX_WAIT)
-    except GpuopsError as exc:
-        raise _sriov.SriovError(exc.msg)
+    check_timeout(params["timeout"], 0, MAX_WAIT, _sriov.SriovError)
     if isinstance(params["count"], bool):
         raise _sriov.SriovError("count must be a whole number of VFs, got %r (a boolean); nothing was changed"
                                 % (params["count"],))

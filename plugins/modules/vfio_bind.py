@@ -272,8 +272,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
-    GpuopsError,
-    check_range,
+    check_timeout,
     create_module,
     run_module,
 )
@@ -313,19 +312,9 @@ def build_module():
     )
 
 
-def check_timeout(value):
-    """Raise VfioError unless ``value`` is a whole number of seconds from 0 to MAX_WAIT (booleans refused)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-        raise _vfio.VfioError("timeout must be 0 or a positive number of seconds, got %d" % value)
-    try:
-        check_range("timeout", value, 0, MAX_WAIT)
-    except GpuopsError as exc:
-        raise _vfio.VfioError(exc.msg)
-
-
 def check_params(params):
     """Checks the argument spec cannot express; raise VfioError. Runs before anything is read or changed."""
-    check_timeout(params["timeout"])
+    check_timeout(params["timeout"], 0, MAX_WAIT, _vfio.VfioError)
     driver = params["driver"]
     if driver != "auto" and (not _vfio.DRIVER_NAME_RE.fullmatch(driver) or not _vfio.is_vfio_driver(driver)):
         raise _vfio.VfioError("driver %r is not a vfio driver; use auto, vfio-pci or a variant driver whose name "

@@ -219,10 +219,10 @@ def kubelab_status(env=None):
     return json.loads(kubelab("status", "--json", check=True, env=env, timeout=120).stdout)
 
 
-def kubectl(api, *args, check=True, stdin=None, kubeconfig=None):
+def kubectl(api, *args, check=True, stdin=None, kubeconfig=None, timeout=120):
     """kubectl with the API server's admin kubeconfig (or ``kubeconfig``); AssertionError on failure when ``check``."""
     proc = subprocess.run([os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", kubeconfig or api["kubeconfig"]]
-                          + list(args), text=True, capture_output=True, timeout=120, check=False, input=stdin)
+                          + list(args), text=True, capture_output=True, timeout=timeout, check=False, input=stdin)
     if check and proc.returncode:
         raise AssertionError("kubectl %s: %s" % (" ".join(args), proc.stderr))
     return proc
@@ -258,12 +258,10 @@ def delete_crds(api, names, timeout=180):
     """
     if not names:
         return
-    kubectl = [os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", api["kubeconfig"]]
 
     def call(*args):
         try:
-            return subprocess.run(kubectl + list(args), text=True, capture_output=True, timeout=60,
-                                  check=False).stdout
+            return kubectl(api, *args, check=False, timeout=60).stdout
         except subprocess.TimeoutExpired:
             return None
 

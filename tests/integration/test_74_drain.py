@@ -7,13 +7,12 @@ the lab Node lab-passthrough through the project's minimal VMI CRD.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import TOP, delete_crds, kubectl
+from conftest import TOP, delete_crds, kubectl, run
 
 VMI_CRD = os.path.join(TOP, "tests", "fixtures", "kubevirt-vmi-crd.yaml")
 NODE = "lab-passthrough"
@@ -67,11 +66,8 @@ def reboot_tasks(api, tmp_path, **variables):
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     extra = dict({"host_reboot_kubeconfig": api["kubeconfig"], "host_reboot_reasons": ["test"]}, **variables)
     (tmp_path / "vars.json").write_text(json.dumps(extra))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.run(["ansible-playbook", "--check", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
-                           "-e", "@%s" % (tmp_path / "vars.json")], cwd=TOP, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False, timeout=600)
+    proc = run(["ansible-playbook", "--check", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
+                "-e", "@%s" % (tmp_path / "vars.json")], timeout=600, env={"ANSIBLE_NOCOLOR": "1"})
     return proc.returncode, proc.stdout
 
 

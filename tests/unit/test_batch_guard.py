@@ -8,11 +8,12 @@ later batch starts unless gpuops_max_fail_percentage allows the failure; h2, in 
 """
 
 import os
-import subprocess
 import sys
 
 import pytest
 import yaml
+
+from ansible_collections.gpuops.sandbox.tests.unit.playbook import ansible_playbook
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOSTS = ["h1", "h2", "h3", "h4"]
@@ -29,12 +30,7 @@ def rolling(tmp_path, *extra):
     inventory = {"all": {"hosts": dict((h, {"ansible_connection": "local", "ansible_python_interpreter": sys.executable})
                                        for h in HOSTS)}}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")] + list(extra),
-                          cwd=TOP, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
-                          timeout=300)
-    return proc.returncode, proc.stdout
+    return ansible_playbook("-i", tmp_path / "hosts.yml", tmp_path / "play.yml", *extra)
 
 
 def test_a_host_that_does_not_come_back_stops_the_later_batches(tmp_path):

@@ -2,10 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import yaml
+
+from ansible_collections.gpuops.sandbox.tests.unit.playbook import ansible_playbook
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -19,20 +19,16 @@ def test_the_play_prints_a_table_and_writes_the_json(tmp_path):
         "name": "readiness", "hosts": "localhost", "gather_facts": False,
         "tasks": [{"name": "Report", "ansible.builtin.import_tasks": os.path.join(TOP, "playbooks", "tasks", "readiness.yml")}]}]))
     out_file = tmp_path / "ready.json"
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
-                           "-e", "gpuops_readiness_file=%s" % out_file], cwd=TOP, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    rc, out = ansible_playbook("-i", tmp_path / "hosts.yml", tmp_path / "play.yml", "-e", "gpuops_readiness_file=%s" % out_file)
+    assert rc == 0, out[-3000:]
     # The table is one block: each row on a line of its own, within 80 columns with the callback's indent.
-    block = proc.stdout[proc.stdout.index("HOST "):]
+    block = out[out.index("HOST "):]
     block = block[:block.index("GPU nodes ready") + len("GPU nodes ready")]
     lines = [line.strip() for line in block.split("\n")]
     assert lines[1].split() == ["gpu-a", "vm-passthrough", "yes", "12", "0", "65:00.0=vfio-pci"], block
     assert lines[2].split()[:3] == ["gpu-b", "?", "NO"] and "not checked" in block
     assert lines[-1] == "1 of 2 GPU nodes ready"
-    printed = proc.stdout.split("\n")
+    printed = out.split("\n")
     first = next(i for i, line in enumerate(printed) if "HOST " in line)
     assert max(len(line) for line in printed[first:first + len(lines)]) <= 80, block
     doc = json.loads(out_file.read_text())

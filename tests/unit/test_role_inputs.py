@@ -6,14 +6,13 @@ must stop in their first task, naming the variable and what is accepted, before 
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.sandbox.plugins.filter.input_problems import FilterModule, duration_seconds
+from ansible_collections.gpuops.sandbox.tests.unit.playbook import ansible_playbook
 
 input_problems = FilterModule().filters()["input_problems"]
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,12 +82,7 @@ def play(tmp_path, role, variables):
                                          "roles": ["gpuops.sandbox.%s" % role]}]))
     extra = tmp_path / "vars.json"
     extra.write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.run(["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", "@%s" % extra, "-v"],
-                          cwd=TOP, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          check=False, timeout=300)
-    return proc.returncode, proc.stdout
+    return ansible_playbook("-i", "localhost,", "-c", "local", playbook, "-e", "@%s" % extra, "-v")
 
 
 KUBECONFIG = {"gpuops_kubeconfig": "/nonexistent/kubeconfig"}

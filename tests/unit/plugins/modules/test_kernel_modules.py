@@ -551,9 +551,9 @@ def test_trailing_newline_is_refused(monkeypatch, host, args):
     ({"name": "s", "options": {"m" * 300: "a=1"}}, "options: '" + "m" * 49 + "... (300 characters) is not a kernel"),
     ({"name": "s", "softdeps": {"nvidia": ["v" * 100]}}, "softdeps for nvidia: '" + "v" * 49 + "... (100 characters)"),
     ({"name": "s", "timeout": 10 ** 30},
-     "timeout must be 1 to 86400 seconds, got a number of about 31 digits; nothing was changed"),
+     "timeout must be 1 to 86400 seconds, got a number of 31 digits; nothing was changed"),
     ({"name": "s", "timeout": 86401}, "timeout must be 1 to 86400 seconds, got 86401; nothing was changed"),
-    ({"name": "s", "timeout": "1e400"}, "timeout must be 1 to 86400 seconds, got a number of about 401 digits; nothing was changed"),
+    ({"name": "s", "timeout": "1e400"}, "timeout must be 1 to 86400 seconds, got a number of 401 digits; nothing was changed"),
     ({"name": "s", "timeout": True}, "timeout must be a whole number of seconds, got True; nothing was changed"),
 ])
 def test_unsafe_values_are_refused_before_anything_is_written(monkeypatch, host, args, message):
