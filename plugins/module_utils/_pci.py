@@ -640,9 +640,10 @@ def select_functions(root="/", addresses=None, vendors=None, classes=None, inclu
 def find_holders(device_paths, root="/"):
     """Return the processes holding any of ``device_paths`` open (``/dev/nvidia0``, ``/dev/vfio/12``).
 
-    Scans ``/proc/<pid>/fd``; each result is ``{"pid", "comm", "device"}``, one per process and
-    device, sorted by pid then device. Processes that exit during the scan, or whose fds cannot be
-    read, are skipped.
+    Scans ``/proc/<pid>/fd``; each result is ``{"pid", "comm", "cmdline", "device"}``, one per process
+    and device, sorted by pid then device. ``cmdline`` is the process's full command line, its arguments
+    joined by spaces (at most ``CMDLINE_LIMIT`` characters, then ``...``), or None when unreadable.
+    Processes that exit during the scan, or whose fds cannot be read, are skipped.
     """
     wanted = set()
     for path in device_paths or []:
@@ -659,6 +660,7 @@ def find_holders(device_paths, root="/"):
         raise SysfsError("cannot list /proc: %s" % (exc.strerror or exc), path=proc)
     found = set()
     comms = {}
+    cmdlines = {}
     for pid in pids:
         fd_dir = os.path.join(proc, str(pid), "fd")
         try:
@@ -677,7 +679,32 @@ def find_holders(device_paths, root="/"):
                         comms[pid] = read_attr(os.path.join(proc, str(pid), "comm"), default="") or None
                     except SysfsError:
                         comms[pid] = None
-    return [{"pid": pid, "comm": comms.get(pid), "device": device} for pid, device in sorted(found)]
+                    cmdlines[pid] = process_cmdline(os.path.join(proc, str(pid), "cmdline"))
+    return [{"pid": pid, "comm": comms.get(pid), "cmdline": cmdlines.get(pid), "device": device}
+            for pid, device in sorted(found)]
+
+
+# Characters of a holder's command line kept in messages.
+CMDLINE_LIMIT = 400
+
+
+def process_cmdline(path):
+    """The command line in ``path`` (a ``/proc/<pid>/cmdline``), arguments joined by spaces, or None.
+
+    Control characters are shown as ``?`` so a message stays one line; longer than ``CMDLINE_LIMIT``
+    characters is cut with ``...``.
+    """
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(CMDLINE_LIMIT * 4 + 1)
+    except (IOError, OSError):
+        return None
+    args = [arg.decode("utf-8", "replace") for arg in raw.split(b"\0") if arg]
+    if not args:
+        return None
+    text = "".join(ch if ch.isprintable() else "?" for ch in " ".join(args))
+    return text if len(text) <= CMDLINE_LIMIT else text[:CMDLINE_LIMIT] + "..."
+
 
 
 # Argument spec of the selector options documented by the gpuops.sandbox.pci_selectors doc fragment.

@@ -42,6 +42,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     sriov_info,
     vgpu_info,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import cmdline_flags
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text
 
 PCI_DRIVERS = "/sys/bus/pci/drivers"
@@ -198,6 +199,8 @@ def device_state(address, root="/"):
         "address": addr,
         "vendor": ident["vendor"],
         "device": ident["device"],
+        "subsystem_vendor": ident.get("subsystem_vendor"),
+        "subsystem_device": ident.get("subsystem_device"),
         "class": ident["class"],
         "is_bridge": ident["is_bridge"],
         "driver": ident["driver"],
@@ -259,9 +262,101 @@ def holders_problem(state, root="/"):
     holders = find_holders(holder_paths(state, root), root)
     if not holders:
         return None
-    listed = ", ".join("pid %d (%s) holds %s" % (h["pid"], h["comm"] or "?", h["device"]) for h in holders)
+    listed = ", ".join("pid %d (%s) holds %s" % (h["pid"], h["cmdline"] or h["comm"] or "?", h["device"])
+                       for h in holders)
     return ("%s is in use (driver %s): %s; stop these processes first (this module never stops or kills "
             "anything)" % (state["address"], state["driver"], listed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims made outside this module (hand-made setups)
+# ---------------------------------------------------------------------------------------------
+
+MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/usr/lib/modprobe.d",
+                 "/lib/modprobe.d")
+DRIVERCTL_DIR = "/etc/driverctl.d"
+_ANY_ID = 0xFFFFFFFF
+_OPTIONS_IDS_RE = re.compile(r"\A\s*options\s+vfio[-_]pci\s+(.*)\Z")
+
+
+def _id_matches(entry, state):
+    """Whether one ``vfio-pci`` ``ids`` entry (``vendor:device[:subvendor:subdevice[:class:class_mask]]``,
+    hexadecimal, as the driver parses it) matches the function ``state``."""
+    try:
+        fields = [int(part, 16) for part in entry.split(":")]
+    except ValueError:
+        return False
+    if len(fields) < 2 or len(fields) > 6:
+        return False
+    fields += [_ANY_ID, _ANY_ID, 0, 0][len(fields) - 2:]
+    have = []
+    for key in ("vendor", "device", "subsystem_vendor", "subsystem_device", "class"):
+        try:
+            have.append(int(state.get(key) or "", 16))
+        except ValueError:
+            have.append(None)
+    for want, value in zip(fields[:4], have[:4]):
+        if want != _ANY_ID and want != value:
+            return False
+    return have[4] is None or (have[4] & fields[5]) == (fields[4] & fields[5])
+
+
+def _modprobe_ids(root):
+    """``[(file, ids entry)]`` from ``options vfio-pci ids=`` lines of the modprobe.d directories."""
+    found = []
+    seen = set()
+    for directory in MODPROBE_DIRS:
+        try:
+            names = sorted(os.listdir(host_path(root, directory)))
+        except (IOError, OSError):
+            continue
+        for name in names:
+            if not name.endswith(".conf") or name in seen:
+                continue
+            seen.add(name)   # an earlier directory's file of the same name hides the later one
+            path = directory + "/" + name
+            text = read_text(root, path) or ""
+            for line in text.replace("\\\n", " ").splitlines():
+                match = _OPTIONS_IDS_RE.fullmatch(line.split("#", 1)[0])
+                if not match:
+                    continue
+                for option in match.group(1).split():
+                    if option.startswith("ids="):
+                        found.extend((path, item) for item in option[4:].split(",") if item)
+    return found
+
+
+def vfio_claims(state, root="/"):
+    """How the host claims ``state``'s function for vfio-pci outside this module, one line each.
+
+    ``vfio-pci.ids`` on the running kernel's command line, ``options vfio-pci ids=`` in modprobe.d and a
+    driverctl override all give the function back to vfio-pci as soon as it is released (or at the next
+    boot), so a function claimed that way cannot be given back to its host driver by unbinding it.
+    """
+    claims = []
+    cmdline = read_text(root, "/proc/cmdline") or ""
+    for entry in cmdline_flags(cmdline).get("vfio-pci.ids", []):
+        if _id_matches(entry, state):
+            claims.append("vfio-pci.ids=%s on the kernel command line (/proc/cmdline; put there by the boot "
+                          "configuration, e.g. /etc/default/grub)" % entry)
+    for path, entry in _modprobe_ids(root):
+        if _id_matches(entry, state):
+            claims.append("options vfio-pci ids=%s in %s" % (entry, path))
+    override = read_text(root, "%s/pci-%s" % (DRIVERCTL_DIR, state["address"]))
+    if override is not None and is_vfio_driver(override.strip()):
+        claims.append("a driverctl override to %s (%s/pci-%s)" % (override.strip(), DRIVERCTL_DIR, state["address"]))
+    return claims
+
+
+def claims_problem(state, root="/"):
+    """A refusal message when the host claims ``state``'s function for vfio-pci outside this module."""
+    claims = vfio_claims(state, root)
+    if not claims:
+        return None
+    return ("%s (%s:%s) is claimed for vfio-pci by %s; it would go back to vfio-pci as soon as it is released. "
+            "Remove that claim first (kernel arguments: the kernel_cmdline module with state=absent, then a "
+            "reboot; modprobe.d: delete the line and rebuild the initramfs; driverctl: driverctl unset-override %s)"
+            % (state["address"], state["vendor"], state["device"], " and ".join(claims), state["address"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,6 +594,9 @@ def plan_unbind(addresses, root="/", include_group=False):
             busy = holders_problem(state, root)
             if busy:
                 problems.append(busy)
+        claimed = claims_problem(state, root)
+        if claimed:
+            problems.append(claimed)
     if problems:
         raise VfioError("refusing to change anything: " + "; ".join(problems))
     ordered = _ordered(entries.values())

@@ -456,10 +456,10 @@ def test_mdev_type_without_name_file_has_no_resource_name(host, root):
 def test_find_holders(host, root):
     before = host.snapshot()
     assert _pci.find_holders(["/dev/nvidia0", "/dev/nvidia1", "/dev/vfio/12"], root) == [
-        {"pid": 1234, "comm": "nvidia-persiste", "device": "/dev/nvidia0"},
-        {"pid": 2345, "comm": "nv-hostengine", "device": "/dev/nvidia0"},
-        {"pid": 2345, "comm": "nv-hostengine", "device": "/dev/nvidia1"},
-        {"pid": 3456, "comm": "qemu-kvm", "device": "/dev/vfio/12"},
+        {"pid": 1234, "comm": "nvidia-persiste", "cmdline": None, "device": "/dev/nvidia0"},
+        {"pid": 2345, "comm": "nv-hostengine", "cmdline": None, "device": "/dev/nvidia0"},
+        {"pid": 2345, "comm": "nv-hostengine", "cmdline": None, "device": "/dev/nvidia1"},
+        {"pid": 3456, "comm": "qemu-kvm", "cmdline": None, "device": "/dev/vfio/12"},
     ]
     assert _pci.find_holders(["/dev/nvidia7"], root) == []
     assert _pci.find_holders([], root) == []
@@ -470,7 +470,21 @@ def test_find_holders_skips_processes_without_fd_dir_or_comm(host, root):
     host.write("/proc/77/comm", "zombie\n")
     host.mkdir("/proc/78/fd")
     host.raw_link("/proc/78/fd/1", "/dev/vfio/12")
-    assert {"pid": 78, "comm": None, "device": "/dev/vfio/12"} in _pci.find_holders(["/dev/vfio/12"], root)
+    assert {"pid": 78, "comm": None, "cmdline": None, "device": "/dev/vfio/12"} in _pci.find_holders(["/dev/vfio/12"], root)
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (b"/usr/bin/qemu-system-x86_64\0-name\0guest=vm1\0", "/usr/bin/qemu-system-x86_64 -name guest=vm1"),
+    (b"sleep\x00\x00600\x00", "sleep 600"),
+    (b"evil\nline\0\x1b[31m\0", "evil?line ?[31m"),
+    (b"", None),
+    (b"x" * 5000, "x" * 400 + "..."),
+])
+def test_find_holders_reads_the_full_command_line(host, root, raw, expected):
+    with open(host.path("/proc/3456/cmdline"), "wb") as handle:
+        handle.write(raw)
+    assert _pci.find_holders(["/dev/vfio/12"], root) == [
+        {"pid": 3456, "comm": "qemu-kvm", "cmdline": expected, "device": "/dev/vfio/12"}]
 
 
 @pytest.mark.parametrize("path", ["dev/nvidia0", "", 3, None])

@@ -217,6 +217,18 @@ def test_nvidia_nodes_from_the_minor_or_every_node(gpu_host):
     assert _vfio.nvidia_device_nodes(st.L40S, tree.root) == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia10"]
 
 
+def test_holders_problem_names_the_full_command_line(tmp_path):
+    """A holder is named by its whole command line (which VM, which tool), not only its 15-character comm."""
+    tree = st.build_vfio_gpu_host(tmp_path, RELEASE, holders=True)
+    with open(tree.path("/proc/2345/cmdline"), "wb") as handle:
+        handle.write(b"/usr/bin/nv-hostengine\0-n\0--service-account\0nvidia-dcgm\0")
+    state = _vfio.device_state(st.A10, tree.root)
+    assert _vfio.holders_problem(state, tree.root) == (
+        "0000:65:00.0 is in use (driver nvidia): pid 1234 (nvidia-persiste) holds /dev/nvidia0, "
+        "pid 2345 (/usr/bin/nv-hostengine -n --service-account nvidia-dcgm) holds /dev/nvidia0; stop these "
+        "processes first (this module never stops or kills anything)")
+
+
 def test_nvidia_nodes_default_when_dev_is_empty(tmp_path):
     tree = st.build_gpu_host(tmp_path)
     assert _vfio.nvidia_device_nodes(st.A10, tree.root) == ["/dev/nvidia0"]

@@ -550,3 +550,53 @@ def test_fuzz_arguments_end_cleanly(monkeypatch, tmp_path_factory, args, check):
         assert "Traceback" not in result["msg"]
     else:
         assert isinstance(result["changed"], bool) and result["reboot_required"] is False
+
+
+# --- claims made by hand outside this module (vfio-pci.ids, modprobe.d, driverctl) -------------
+
+CLAIM_CASES = [
+    ("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=/dev/vda1 vfio-pci.ids=1234:11e8,10de:2236 quiet\n",
+     "vfio-pci.ids=1234:11e8 on the kernel command line (/proc/cmdline; put there by the boot configuration, "
+     "e.g. /etc/default/grub)"),
+    ("/proc/cmdline", "root=/dev/vda1 vfio_pci.ids=1234:11e8:ffffffff:ffffffff:00ff00:ffff00\n",
+     "vfio-pci.ids=1234:11e8:ffffffff:ffffffff:00ff00:ffff00 on the kernel command line (/proc/cmdline; put there "
+     "by the boot configuration, e.g. /etc/default/grub)"),
+    ("/etc/modprobe.d/vfio.conf", "# passthrough\noptions vfio-pci disable_vga=1 ids=10de:2236,1234:11e8\n",
+     "options vfio-pci ids=1234:11e8 in /etc/modprobe.d/vfio.conf"),
+    ("/etc/driverctl.d/pci-0000:00:03.0", "vfio-pci\n",
+     "a driverctl override to vfio-pci (/etc/driverctl.d/pci-0000:00:03.0)"),
+]
+
+
+@pytest.mark.parametrize("path, text, claim", CLAIM_CASES)
+def test_absent_refuses_a_function_claimed_for_vfio_by_hand(monkeypatch, lab, path, text, claim):
+    """A hand-made claim would re-bind the function to vfio-pci at once: refuse, naming the file, change nothing."""
+    tree, kernel = lab
+    grouped = {"addresses": [LAB_EDU_GROUPED], "include_group": True}
+    kind, result = run(monkeypatch, lab, grouped)
+    assert kind == "exit" and result["changed"]
+    tree.write(path, text)
+    before = tree.snapshot()
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, lab, dict(grouped, state="absent"), check=True)
+    assert kind == "fail" and claim in result["msg"] and "0000:00:03.0 (1234:11e8) is claimed for vfio-pci" in result["msg"]
+    assert "0000:00:03.1" not in result["msg"]   # the HDA sibling (8086:2668) is not claimed
+    kind, result = run(monkeypatch, lab, dict(grouped, state="absent"))
+    assert kind == "fail" and claim in result["msg"] and result["msg"].startswith("refusing to change anything: ")
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+@pytest.mark.parametrize("text", [
+    "root=/dev/vda1 vfio-pci.ids=10de:2236\n",                              # another device
+    "root=/dev/vda1 vfio-pci.ids=1234:11e8:1af4:1100\n",                  # another subsystem
+    "root=/dev/vda1 vfio-pci.ids=1234:11e8:ffffffff:ffffffff:030000:ffffff\n",  # another class
+    "root=/dev/vda1 vfio-pci.ids=zzzz:11e8,1234\n",                         # not parsed by the driver either
+])
+def test_absent_ignores_claims_of_other_devices(monkeypatch, lab, text):
+    tree, kernel = lab
+    grouped = {"addresses": [LAB_EDU_GROUPED], "include_group": True}
+    assert run(monkeypatch, lab, grouped)[0] == "exit"
+    tree.write("/proc/cmdline", text)
+    kind, result = run(monkeypatch, lab, dict(grouped, state="absent"))
+    assert kind == "exit" and result["changed"], result
+    assert drivers(kernel, LAB_EDU_GROUPED, LAB_HDA) == [None, "snd_hda_intel"]
