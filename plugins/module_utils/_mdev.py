@@ -242,9 +242,8 @@ def list_mdev_devices(root="/"):
 
 
 def mdev_holders(dev_uuid, root="/"):
-    """Return ``[(pid, command)]`` holding the VFIO group of a mediated device open."""
-    path = host_path(root, "%s/%s" % (MDEV_DEVICES, dev_uuid))
-    return _sriov.vfio_group_holders(_sriov.iommu_group(path), root)
+    """Return ``[(pid, command)]`` holding the VFIO group or the iommufd cdev of a mediated device open."""
+    return _sriov.vfio_holders(host_path(root, "%s/%s" % (MDEV_DEVICES, dev_uuid)), root)
 
 
 # --------------------------------------------------------------------------- vendor-specific vGPU: reading
@@ -582,7 +581,7 @@ def _plan_nvidia_absent(request, root):
     busy = []
     for vf in targets:
         if current_vgpu_type(vf, root) == type_id:
-            for pid, command in _sriov.vfio_group_holders(_sriov.iommu_group(vf_dir(vf, root)), root):
+            for pid, command in _sriov.vfio_holders(vf_dir(vf, root), root):
                 busy.append("%s is open by PID %d (%s)" % (vf, pid, command))
             plan["remove"].append(_entry(BACKEND_NVIDIA, vf, type_id, name))
     if busy:

@@ -26,6 +26,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     wait_until,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import find_holders
 
 VIRTFN_RE = re.compile(r"\Avirtfn([0-9]{1,9})\Z")
 
@@ -71,33 +72,24 @@ def iommu_group(device_dir):
     return link_name(os.path.join(device_dir, "iommu_group"))
 
 
-def vfio_group_holders(group, root="/"):
-    """Return ``[(pid, command)]`` of processes holding ``/dev/vfio/<group>`` open."""
-    if group is None:
-        return []
-    wanted = "/dev/vfio/%s" % group
-    proc = host_path(root, "/proc")
-    holders = []
-    try:
-        pids = sorted((p for p in os.listdir(proc) if p.isdigit()), key=int)
-    except OSError:
-        return []
-    for pid in pids:
-        fd_dir = os.path.join(proc, pid, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if target == wanted:
-                command = read_attr(os.path.join(proc, pid, "comm"), default="?")
-                holders.append((int(pid), command))
-                break
-    return holders
+def vfio_holders(device_dir, root="/"):
+    """Return ``[(pid, command)]`` of the processes holding a device's VFIO nodes open, one per process.
+
+    The nodes are the ones a VMM opens to use the device: its group, ``/dev/vfio/<group>``, and its iommufd
+    character devices, ``/dev/vfio/devices/vfioN`` (listed under ``<device>/vfio-dev``). ``command`` is the
+    process's full command line, else its ``comm``, else ``?``.
+    """
+    paths = []
+    group = iommu_group(device_dir)
+    if group is not None:
+        paths.append("/dev/vfio/%s" % group)
+    cdev_dir = os.path.join(device_dir, "vfio-dev")
+    if os.path.isdir(cdev_dir):
+        paths.extend("/dev/vfio/devices/" + name for name in sorted(os.listdir(cdev_dir)))
+    commands = {}
+    for holder in find_holders(paths, root):
+        commands.setdefault(holder["pid"], holder["cmdline"] or holder["comm"] or "?")
+    return sorted(commands.items())
 
 
 def vf_usage(vf_address, root="/"):
@@ -107,7 +99,7 @@ def vf_usage(vf_address, root="/"):
     driver = link_name(os.path.join(vf_dir, "driver"))
     if driver == "vfio-pci":
         reasons.append("%s is bound to vfio-pci" % vf_address)
-    for pid, command in vfio_group_holders(iommu_group(vf_dir), root):
+    for pid, command in vfio_holders(vf_dir, root):
         reasons.append("%s: its VFIO group is open by PID %d (%s)" % (vf_address, pid, command))
     current = read_attr(os.path.join(vf_dir, "nvidia", "current_vgpu_type"), default="0")
     if current not in ("", "0"):

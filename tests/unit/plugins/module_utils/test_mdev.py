@@ -740,3 +740,26 @@ def test_apply_rolls_back_on_any_exception(host, monkeypatch):
         _mdev.apply_plan(plan, tree.root, 0)
     assert info.value.msg == "ValueError: a bug; rolled back 2 change(s) of this run"
     assert tree.snapshot() == before
+
+
+@pytest.mark.parametrize("held", ["group", "cdev"])
+def test_vgpu_absent_refuses_a_vf_held_through_its_group_or_its_iommufd_cdev(vgpu_host, held):
+    """A VMM may use a vendor-specific vGPU VF through /dev/vfio/<group> or through its iommufd character
+    device /dev/vfio/devices/vfioN: either holder keeps the live vGPU from being removed."""
+    tree, _kernel = vgpu_host
+    plan = _mdev.build_plan(request(type="1155", pf=L40S_PF, parents=None, count=1), tree.root)
+    _mdev.apply_plan(plan, tree.root, 0)
+    vf = L40S_VFS[0]
+    tree.link("/sys/bus/pci/devices/%s/iommu_group" % vf, "/sys/kernel/iommu_groups/91")
+    os.makedirs(tree.p("/sys/bus/pci/devices/%s/vfio-dev/vfio3" % vf))
+    node = "/dev/vfio/91" if held == "group" else "/dev/vfio/devices/vfio3"
+    tree.open_fd(4711, "qemu-system-x86", node)
+    with open(tree.p("/proc/4711/cmdline"), "wb") as handle:
+        handle.write(b"/usr/bin/qemu-system-x86_64\x00-name\x00guest=vm-7\x00")
+    before = tree.snapshot()
+    with pytest.raises(_mdev.MdevError) as info:
+        _mdev.build_plan(request(type="1155", pf=L40S_PF, parents=None, state="absent"), tree.root)
+    assert info.value.kind == _mdev.E_BUSY
+    assert "%s is open by PID 4711 (/usr/bin/qemu-system-x86_64 -name guest=vm-7)" % vf in info.value.msg
+    assert tree.snapshot() == before
+    assert _mdev.current_vgpu_type(vf, tree.root) == 1155
