@@ -40,6 +40,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     write_attr,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import parse_creatable_vgpu_types, read_mdev_types
 
 MDEV_BUS = "/sys/class/mdev_bus"
 MDEV_DEVICES = "/sys/bus/mdev/devices"
@@ -48,7 +49,6 @@ PCI_DEVICES = "/sys/bus/pci/devices"
 # \A and \Z (not ^ and $, which let a trailing newline through); [0-9], not \d, which takes any script's digits.
 UUID_RE = re.compile(r"\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 PARENT_NAME_RE = re.compile(r"\A[A-Za-z0-9_.:+-]+\Z")
-VGPU_LINE_RE = re.compile(r"\A\s*([0-9]{1,9})\s*:\s*(.*?)\s*\Z")
 # vGPU type ids are small integers (1155); more digits than this is a mistake, not an id.
 VGPU_ID_MAX_DIGITS = 9
 
@@ -176,27 +176,17 @@ def is_mdev_parent(parent, root="/"):
 
 
 def parent_types(parent, root="/"):
-    """Return ``{type_id: {"name", "available_instances", "device_api", "description"}}`` of a parent."""
-    base = host_path(root, "%s/%s/mdev_supported_types" % (MDEV_BUS, parent))
+    """Return ``{type_id: {"name", "available_instances", "device_api", "description"}}`` of a parent.
+
+    Read by ``_pci.read_mdev_types``; here a missing text is ``""`` and an unknown instance count 0.
+    """
     types = {}
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return types
-    for type_id in names:
-        tdir = os.path.join(base, type_id)
-        if not os.path.isdir(tdir):
-            continue
-        avail_text = read_attr(os.path.join(tdir, "available_instances"), default="0")
-        try:
-            avail = int(avail_text)
-        except ValueError:
-            avail = 0
-        types[type_id] = {
-            "name": read_attr(os.path.join(tdir, "name"), default=""),
-            "available_instances": avail,
-            "device_api": read_attr(os.path.join(tdir, "device_api"), default=""),
-            "description": read_attr(os.path.join(tdir, "description"), default=""),
+    for mtype in read_mdev_types(host_path(root, "%s/%s" % (MDEV_BUS, parent))):
+        types[mtype["id"]] = {
+            "name": mtype["name"] or "",
+            "available_instances": mtype["available_instances"] or 0,
+            "device_api": mtype["device_api"] or "",
+            "description": mtype["description"] or "",
         }
     return types
 
@@ -259,13 +249,8 @@ def has_vgpu_interface(address, root="/"):
 
 
 def parse_vgpu_types(text):
-    """Parse ``creatable_vgpu_types`` text into ``{id: name}`` (the header line is skipped)."""
-    types = {}
-    for line in (text or "").splitlines():
-        match = VGPU_LINE_RE.fullmatch(line)
-        if match and int(match.group(1)) > 0:
-            types[int(match.group(1))] = match.group(2)
-    return types
+    """Parse ``creatable_vgpu_types`` text into ``{id: name}`` (through ``_pci.parse_creatable_vgpu_types``)."""
+    return dict((entry["id"], entry["name"]) for entry in parse_creatable_vgpu_types(text))
 
 
 def creatable_vgpu_types(address, root="/"):

@@ -452,7 +452,8 @@ def read_mdev_types(parent_dir):
     """Return the mdev types under ``<parent_dir>/mdev_supported_types`` sorted by type id.
 
     Each is ``{"id", "name", "available_instances", "device_api", "description", "resource_name"}``
-    (the sandbox device plugin's name for the type); missing optional attributes are None.
+    (the sandbox device plugin's name for the type); missing optional attributes are None, and so is an
+    ``available_instances`` that is not a number. The one reader of mdev types (gpu_facts, mdev_create).
     """
     top = os.path.join(parent_dir, "mdev_supported_types")
     try:
@@ -466,7 +467,10 @@ def read_mdev_types(parent_dir):
         tdir = os.path.join(top, type_id)
         if not os.path.isdir(tdir):
             continue
-        available = _int_attr(tdir, "available_instances")
+        try:
+            available = _int_attr(tdir, "available_instances")
+        except SysfsError:
+            available = None   # not a number: reported as unknown; mdev_create treats it as none available
         types.append({
             "id": type_id,
             "name": read_attr(os.path.join(tdir, "name"), default="") or None,
@@ -510,17 +514,22 @@ def mdev_parents(root="/"):
     return parents
 
 
+# One ``ID : vGPU Name`` line of ``creatable_vgpu_types``: ASCII digits only (``\d`` takes any script's),
+# at most 9 of them (vGPU type ids are small integers), \A/\Z so a newline cannot slip through.
+VGPU_LINE_RE = re.compile(r"\A\s*([0-9]{1,9})\s*:\s*(.*?)\s*\Z")
+
+
 def parse_creatable_vgpu_types(text):
-    """Parse ``creatable_vgpu_types`` (``ID : vGPU Name`` lines, maybe a header) into ``[{id, name}]``."""
+    """Parse ``creatable_vgpu_types`` (``ID : vGPU Name`` lines, maybe a header) into ``[{id, name}]``.
+
+    The one parser of that file (gpu_facts, mdev_create). Id 0 is not a type (it is what
+    ``current_vgpu_type`` holds when no vGPU is created) and is left out, as are header and junk lines.
+    """
     types = []
     for line in (text or "").splitlines():
-        if ":" not in line:
-            continue
-        left, right = line.split(":", 1)
-        left = left.strip()
-        if not _is_number(left):
-            continue
-        types.append({"id": int(left), "name": right.strip()})
+        match = VGPU_LINE_RE.fullmatch(line)
+        if match and int(match.group(1)) > 0:
+            types.append({"id": int(match.group(1)), "name": match.group(2)})
     return types
 
 

@@ -763,3 +763,13 @@ def test_vgpu_absent_refuses_a_vf_held_through_its_group_or_its_iommufd_cdev(vgp
     assert "%s is open by PID 4711 (/usr/bin/qemu-system-x86_64 -name guest=vm-7)" % vf in info.value.msg
     assert tree.snapshot() == before
     assert _mdev.current_vgpu_type(vf, tree.root) == 1155
+
+
+def test_unknown_available_instances_counts_as_none_available(host):
+    """The shared reader reports a count that is not a number as unknown; planning takes it as 0."""
+    tree, _kernel = host
+    path = "/sys/class/mdev_bus/mtty/mdev_supported_types/mtty-2/available_instances"
+    with open(tree.p(path), "w") as handle:
+        handle.write("lots\n")
+    assert _mdev.parent_types("mtty", tree.root)["mtty-2"]["available_instances"] == 0
+    assert _mdev.parent_types("mtty", tree.root)["mtty-1"]["available_instances"] == 24

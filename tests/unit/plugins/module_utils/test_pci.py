@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _pci
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _pci
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
 
@@ -242,12 +242,13 @@ def test_mdev_parent_mtty(tmp_path):
     }]
 
 
-def test_bad_available_instances(host, root):
+def test_bad_available_instances_is_unknown_not_a_failure(host, root):
+    """One reader for gpu_facts and mdev_create: a count that is not a number is reported as unknown (None)
+    instead of failing every fact gathering on the host; mdev_create counts it as none available."""
     host.write(host.functions[st.A100_VFS[0]] + "/mdev_supported_types/nvidia-692/available_instances", "many\n")
-    with pytest.raises(SysfsError) as info:
-        _pci.mdev_types(st.A100_VFS[0], root)
-    assert info.value.msg.endswith("/mdev_supported_types/nvidia-692/available_instances holds 'many', not an "
-                                   "integer")
+    types = dict((t["id"], t) for t in _pci.mdev_types(st.A100_VFS[0], root))
+    assert types["nvidia-692"]["available_instances"] is None
+    assert types["nvidia-692"]["name"] == "NVIDIA A100-4C"
 
 
 def test_vendor_specific_vgpu(root):
@@ -286,6 +287,15 @@ def test_parse_creatable_vgpu_types_ignores_header_and_junk():
     text = "ID    : vGPU Name\n1155  : NVIDIA L40S-1B\n\ngarbage\nx : y\n 42:  Name: with colon \n"
     assert _pci.parse_creatable_vgpu_types(text) == [{"id": 1155, "name": "NVIDIA L40S-1B"},
                                                      {"id": 42, "name": "Name: with colon"}]
+
+
+@pytest.mark.parametrize("line", ["0 : none", "1234567890 : too long", "00 : zero"])
+def test_parse_creatable_vgpu_types_has_no_id_zero_or_huge_ids(line):
+    """Id 0 is what current_vgpu_type holds with no vGPU, never a type; ids are at most 9 digits. gpu_facts and
+    mdev_create read the file through this one parser and agree."""
+    text = "ID : vGPU Name\n%s\n1155 : NVIDIA L40S-1B\n" % line
+    assert _pci.parse_creatable_vgpu_types(text) == [{"id": 1155, "name": "NVIDIA L40S-1B"}]
+    assert _mdev.parse_vgpu_types(text) == {1155: "NVIDIA L40S-1B"}
 
 
 def test_bad_current_vgpu_type(host, root):
