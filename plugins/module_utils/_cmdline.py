@@ -19,6 +19,7 @@ Vocabulary:
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import unicodedata
@@ -187,7 +188,12 @@ def split_cmdline(text):
     return tokens
 
 
-def apply_args(segments, args, state, replace_values=True, target=0):
+def removes(arg, token):
+    """True when the absent request ``arg`` takes ``token`` away (a bare KEY: every value; KEY=VALUE: that value)."""
+    return arg.same_key(token) if arg.value is None else arg.equals(token)
+
+
+def apply_args(segments, args, state, replace_values=True, target=0, restore=None):
     """Return new copies of ``segments`` (lists of tokens) with the request applied.
 
     present, replace_values: the first token with the key is replaced in place, other tokens with that
@@ -196,15 +202,31 @@ def apply_args(segments, args, state, replace_values=True, target=0):
     present, not replace_values: unless the exact token exists, inserted after the last token with the
       same key (so a new console= comes last, as the kernel expects), or appended to ``segments[target]``.
     absent KEY: every token with that key goes, whatever its value. absent KEY=VALUE: only that value.
+      ``restore`` maps a normalized key to the tokens to give back (see plan_restore): once per key, they
+      take the place of the first token the request removed; when nothing of that key is removed, nothing
+      is given back.
     Tokens not named by the request keep their text and order.
     """
     segs = [list(seg) for seg in segments]
+    given = set()
     for arg in args:
         if state == "absent":
-            if arg.value is None:
-                segs = [[t for t in seg if not arg.same_key(t)] for seg in segs]
-            else:
-                segs = [[t for t in seg if not arg.equals(t)] for seg in segs]
+            first = None
+            new_segs = []
+            for si, seg in enumerate(segs):
+                kept = []
+                for tok in seg:
+                    if removes(arg, tok):
+                        if first is None:
+                            first = (si, len(kept))
+                        continue
+                    kept.append(tok)
+                new_segs.append(kept)
+            segs = new_segs
+            back = (restore or {}).get(arg.key)
+            if back and first is not None and arg.key not in given:
+                segs[first[0]][first[1]:first[1]] = list(back)
+                given.add(arg.key)
             continue
         if not replace_values:
             if not any(arg.equals(t) for seg in segs for t in seg):
@@ -247,6 +269,141 @@ def satisfies(tokens, args, state, replace_values=True):
         elif not any(arg.equals(t) for t in same):
             return False
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The record of what the module replaced, so that state=absent can give it back
+# ---------------------------------------------------------------------------------------------
+
+RECORD_FILE = "/var/lib/gpuops/kernel_cmdline.json"
+RECORD_VERSION = 1
+
+
+def record_token_ok(key, token):
+    """True when ``token`` can be kept in the record and given back: one command-line word of key ``key``.
+
+    Anything read from the record ends up in boot configuration files (one a shell sources, quoted); a
+    token that would split into several words, holds a control character or names another key is refused.
+    """
+    return (isinstance(token, str) and token != "" and split_cmdline(token) == [token]
+            and not any(unicodedata.category(ch).startswith("C") for ch in token)
+            and split_token(token)[0] == key)
+
+
+def load_record(text, path=RECORD_FILE):
+    """Parse the record file's text (None: no file) into ``{key: {"original": [...], "set": [...]}}``.
+
+    Raises CmdlineError naming the file when it is not a record this code wrote: guessing what to give back
+    could boot the host with a line nobody asked for.
+    """
+    if text is None:
+        return {}
+
+    def bad(why):
+        return CmdlineError("%s is not a valid record of kernel_cmdline (%s); fix it, or delete it to give "
+                            "nothing back" % (path, why), path=path)
+
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise bad("not JSON: %s" % exc) from exc
+    if not isinstance(data, dict) or data.get("version") != RECORD_VERSION or not isinstance(data.get("keys"), dict):
+        raise bad("expected an object with version %d and keys" % RECORD_VERSION)
+    keys = {}
+    for key, entry in data["keys"].items():
+        if not KEY_RE.fullmatch(key) or normalize_key(key) != key:
+            raise bad("key %r is not a normalized kernel argument name" % key)
+        if not isinstance(entry, dict) or set(entry) != {"original", "set"}:
+            raise bad("the entry of %r must have exactly original and set" % key)
+        for field in ("original", "set"):
+            tokens = entry[field]
+            if not isinstance(tokens, list) or not all(record_token_ok(key, t) for t in tokens):
+                raise bad("%s of %r must be a list of single arguments of that key, got %r" % (field, key, tokens))
+        if not entry["set"]:
+            raise bad("set of %r is empty" % key)
+        keys[key] = {"original": list(entry["original"]), "set": list(entry["set"])}
+    return keys
+
+
+def render_record(keys):
+    """Text of the record file for ``keys``, or None when there is nothing left to record (no file)."""
+    if not keys:
+        return None
+    return json.dumps({"version": RECORD_VERSION, "keys": keys}, indent=2, sort_keys=True) + "\n"
+
+
+def record_present(keys, old_tokens, new_tokens, args, replace_values=True):
+    """Return ``(new keys, tokens left out)`` after state=present changed ``old_tokens`` into ``new_tokens``.
+
+    For each key whose tokens changed, the record keeps the tokens the key had before the module first
+    changed it (``original``; empty when the module added the key) and the value(s) the module set. A key
+    already recorded keeps its first ``original``. With ``replace_values=false`` nothing is replaced, so a
+    key is only recorded when the module added it. Original tokens that cannot be kept safely (see
+    record_token_ok) are left out and returned: they will not be given back.
+    """
+    keys = dict((key, {"original": list(e["original"]), "set": list(e["set"])}) for key, e in keys.items())
+    left_out = []
+    for arg in args:
+        old = [t for t in old_tokens if arg.same_key(t)]
+        new = [t for t in new_tokens if arg.same_key(t)]
+        if old == new:
+            continue
+        entry = keys.get(arg.key)
+        if entry is not None:
+            if replace_values:
+                entry["set"] = [arg.text]
+            elif not any(arg.equals(t) for t in entry["set"]):
+                entry["set"].append(arg.text)
+        elif replace_values or not old:
+            original = [t for t in old if record_token_ok(arg.key, t)]
+            left_out.extend(t for t in old if t not in original)
+            keys[arg.key] = {"original": original, "set": [arg.text]}
+    return keys, left_out
+
+
+def _same_values(tokens, others):
+    def values(items):
+        result = {}
+        for item in items:
+            result[split_token(item)] = result.get(split_token(item), 0) + 1
+        return result
+    return values(tokens) == values(others)
+
+
+def plan_restore(keys, tokens, args, restore=True):
+    """Return ``(restore map, new keys)`` for a state=absent request on the command line ``tokens``.
+
+    For each recorded key the request names:
+      - when the key's current value is no longer what the module set, the user changed it: their setting
+        wins, nothing is given back and the entry goes;
+      - when the request removes the module's value(s) and none is left, the entry goes and (with
+        ``restore``) the original tokens are given back, but never a token the request itself removes
+        (so ``absent`` of a bare KEY gives nothing back);
+      - when some of the module's values stay, the entry keeps them;
+      - when the request removes none of them, the entry stays as it is.
+    The restore map (``{key: [tokens]}``) is what apply_args puts back.
+    """
+    keys = dict((key, {"original": list(e["original"]), "set": list(e["set"])}) for key, e in keys.items())
+    give_back = {}
+    for key in dict.fromkeys(arg.key for arg in args):
+        entry = keys.get(key)
+        if entry is None:
+            continue
+        current = [t for t in tokens if split_token(t)[0] == key]
+        if not _same_values(current, entry["set"]):
+            del keys[key]
+            continue
+        remaining = [t for t in current if not any(removes(arg, t) for arg in args)]
+        if len(remaining) == len(current):
+            continue
+        if remaining:
+            entry["set"] = remaining
+            continue
+        del keys[key]
+        back = [t for t in entry["original"] if not any(removes(arg, t) for arg in args)]
+        if restore and back:
+            give_back[key] = back
+    return give_back, keys
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ description:
   - Every boot configuration file is backed up (C(<file>.<pid>.<timestamp>~)) before it changes. When
     the regeneration command fails, the files are restored from those backups and the failure says so.
   - Arguments not named in O(arguments) are kept, with their text and order unchanged.
+  - Keeps a record, C(/var/lib/gpuops/kernel_cmdline.json), of what it replaced, so that O(state=absent)
+    can give it back (see O(restore) and the notes).
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
@@ -68,6 +70,15 @@ options:
       - With V(true), asking for two different values of one key in O(arguments) is an error.
     type: bool
     default: true
+  restore:
+    description:
+      - With O(state=absent), whether to give back what this module replaced when it set the value being
+        removed, for example C(intel_iommu=off) when removing the C(intel_iommu=on) it put in its place.
+        See the notes for what is given back and when.
+      - With V(false), the value is only removed; the record of that key is dropped all the same.
+      - Not used with O(state=present), which always keeps the record.
+    type: bool
+    default: true
   backend:
     description:
       - Which boot configuration to change. V(auto) picks V(grubby) when C(grubby) is installed, then
@@ -96,6 +107,25 @@ notes:
     C(grub-mkconfig) does not read C(/etc/default/grub.d).
   - New arguments go to C(GRUB_CMDLINE_LINUX), which applies to every menu entry including recovery ones;
     an argument already in C(GRUB_CMDLINE_LINUX_DEFAULT) is replaced where it is.
+  - "What is recorded. When O(state=present) replaces or removes other values of a key (C(intel_iommu=off) becomes
+    C(intel_iommu=on)), or adds a key that was not there, the module records in
+    C(/var/lib/gpuops/kernel_cmdline.json), per key, the tokens the key had in the effective command line
+    before the module first changed it (empty for a key it added) and the value it set. A later run that
+    changes the key again keeps the first original. With O(replace_values=false) only keys the module added
+    are recorded."
+  - "O(state=absent) with O(restore=true) gives the original tokens back, in the place of the value it removes,
+    when it removes the value the module set and no other value of that key is left; the record entry then goes,
+    and the file goes when it is empty. Nothing is given back for a key the module added, nor a token the
+    request itself removes (so O(state=absent) with a bare C(KEY) removes every value and gives nothing back)."
+  - "When the key's value is no longer the one the module set (someone changed the same setting since),
+    that setting wins: nothing is given back for that key and its record entry is dropped."
+  - Hosts changed before the record existed have no record; nothing is given back there.
+  - "The effective command line is, for V(grub), C(GRUB_CMDLINE_LINUX) and C(GRUB_CMDLINE_LINUX_DEFAULT) after
+    every file (the module's drop-in included); for V(grubby), the first boot entry; for V(grub2_mkconfig), the
+    first boot entry (else C(/etc/default/grub)); for V(kernel_cmdline_file), C(/etc/kernel/cmdline)."
+  - With the V(grub) backend, once the drop-in no longer changes anything (the other files give the same
+    command line, for example after the distribution's value was given back), the drop-in is deleted, so the
+    distribution's files take effect again, and C(grub.cfg) is regenerated.
   - The kernel's command line is limited in length (2048 bytes on x86); the module does not check it.
   - A reboot is needed for the change to take effect; use RV(reboot_required).
 attributes:
@@ -106,7 +136,8 @@ attributes:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details:
-      - Shows the boot configuration files before and after, and the effective command line.
+      - Shows the boot configuration files before and after, the effective command line, and the record
+        C(/var/lib/gpuops/kernel_cmdline.json) when it changes.
   idempotent:
     description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
@@ -143,6 +174,21 @@ EXAMPLES = r"""
       - iommu=soft
     state: absent
 
+- name: Leave passthrough - remove the IOMMU arguments and give back what they replaced (intel_iommu=off)
+  gpuops.sandbox.kernel_cmdline:
+    arguments:
+      - intel_iommu=on
+      - iommu=pt
+    state: absent
+  register: iommu_removed
+
+- name: Remove iommu=pt only, without giving back what it replaced
+  gpuops.sandbox.kernel_cmdline:
+    arguments:
+      - iommu=pt
+    state: absent
+    restore: false
+
 - name: Force the systemd-boot backend (/etc/kernel/cmdline)
   gpuops.sandbox.kernel_cmdline:
     arguments:
@@ -177,6 +223,14 @@ entries:
   type: list
   elements: dict
   sample: [{kernel: /boot/vmlinuz-5.14.0-427.el9.x86_64, args: "ro crashkernel=auto intel_iommu=on"}]
+restored:
+  description:
+    - The tokens O(state=absent) gave back (in check mode, would give back) from the record of what the
+      module replaced, in the place of the values it removed. Empty when nothing was given back.
+  returned: success
+  type: list
+  elements: str
+  sample: ["intel_iommu=off"]
 reboot_required:
   description:
     - True when C(/proc/cmdline) of the running kernel does not have the requested state, so the
@@ -215,26 +269,32 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     GRUB_DROPIN_DIR,
     GRUB_VARS,
     KERNEL_CMDLINE_FILE,
+    RECORD_FILE,
     apply_args,
     bls_entry_files,
     evaluate_grub_defaults,
     grub_defaults_chain,
     grub_mkconfig_reads_dropins,
     host_path,
+    load_record,
     parse_args,
     parse_grub_defaults,
     parse_grubby_info,
+    plan_restore,
     read_bls_options,
     read_kernel_cmdline_file,
     read_proc_cmdline,
     read_text,
+    record_present,
     render_grub_dropin,
     render_kernel_cmdline_file,
+    render_record,
     satisfies,
     set_grub_variables,
     split_cmdline,
     strip_loader_tokens,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     TIMEOUT_RC,
     GpuopsError,
@@ -273,6 +333,7 @@ class Plan:
         self.verify = None  # callable returning an error text or None, run after the commands
         self.diff = []
         self.note = ""
+        self.record = None  # (before text or None, after text or None) of RECORD_FILE when it changes
 
 
 class Context:
@@ -285,10 +346,41 @@ class Context:
         self.state = params["state"]
         self.replace_values = params["replace_values"]
         self.timeout = params["command_timeout"]
+        self.restore = params["restore"]
         self.args = parse_args(params["arguments"], self.state, self.replace_values)
+        # The record of what the module replaced (RECORD_FILE), read and checked before anything changes.
+        self.record_text = read_text(self.path(RECORD_FILE))
+        self.record = load_record(self.record_text, RECORD_FILE)
+        self.new_record = self.record
+        self.give_back = {}  # normalized key -> tokens state=absent puts back
+
+    def prepare(self, tokens):
+        """Decide, from ``tokens`` (the effective command line before the change), what to give back and record.
+
+        Each backend calls it once, before it applies the request anywhere.
+        """
+        if self.state == "absent":
+            self.give_back, self.new_record = plan_restore(self.record, tokens, self.args, self.restore)
+            return
+        new = apply_args([tokens], self.args, self.state, self.replace_values)[0]
+        self.new_record, left_out = record_present(self.record, tokens, new, self.args, self.replace_values)
+        if left_out:
+            self.module.warn("%s cannot be kept in %s (not a single plain argument) and will not be given back by "
+                             "state=absent" % (", ".join(repr(t) for t in left_out), RECORD_FILE))
+
+    @property
+    def restored(self):
+        """The tokens state=absent gives back, in the order of the request."""
+        return [tok for key in dict.fromkeys(arg.key for arg in self.args) for tok in self.give_back.get(key, [])]
+
+    def record_after(self):
+        """The record file's text after the run (None: no file); the same text when nothing in it changes."""
+        if self.new_record == self.record:
+            return self.record_text
+        return render_record(self.new_record)
 
     def apply(self, segments, target=0):
-        return apply_args(segments, self.args, self.state, self.replace_values, target=target)
+        return apply_args(segments, self.args, self.state, self.replace_values, target=target, restore=self.give_back)
 
     def satisfied(self, tokens):
         return satisfies(tokens, self.args, self.state, self.replace_values)
@@ -368,6 +460,7 @@ class Transaction:
     def __init__(self, module):
         self.module = module
         self.records = []  # (path, backup path or None when the file did not exist)
+        self.saved = []  # (root, host path, text or None): files put back from memory (the module's record)
         self.created_dirs = []
 
     @property
@@ -386,13 +479,30 @@ class Transaction:
         self.records.append((path, backup))
         return backup
 
+    def make_dirs(self, directory):
+        """Create ``directory`` and its missing parents (0755), each recorded so that rollback removes it."""
+        missing = []
+        while directory and not os.path.isdir(directory) and directory != os.path.dirname(directory):
+            missing.append(directory)
+            directory = os.path.dirname(directory)
+        for path in reversed(missing):
+            os.mkdir(path, 0o755)
+            self.created_dirs.append(path)
+
     def write(self, path, text):
-        directory = os.path.dirname(path)
-        if not os.path.isdir(directory):
-            os.makedirs(directory, 0o755)
-            self.created_dirs.append(directory)
+        self.make_dirs(os.path.dirname(path))
         self.backup(path)
         write_file(self.module, path, text)
+
+    def write_record(self, root, host_file, before, after):
+        """Write the module's record (``after``; None removes it) through _persist; ``before`` is put back on rollback."""
+        if not any(saved_file == host_file for _root, saved_file, _text in self.saved):
+            self.saved.append((root, host_file, before))
+        if after is None:
+            _persist.remove_file(root, host_file)
+        else:
+            self.make_dirs(os.path.dirname(host_path(root, host_file)))
+            _persist.write_text(self.module, root, host_file, after)
 
     def remove(self, path):
         self.backup(path)
@@ -402,6 +512,15 @@ class Transaction:
     def rollback(self):
         """Restore every recorded file; return (list of actions, list of errors)."""
         done, errors = [], []
+        for root, host_file, text in reversed(self.saved):
+            path = host_path(root, host_file)
+            problems = _persist.restore(self.module, root, {host_file: text})
+            if problems:
+                errors.extend("could not restore %s" % problem for problem in problems)
+            elif text is None:
+                done.append("removed %s (it did not exist before)" % path)
+            else:
+                done.append("restored %s" % path)
         for path, backup in reversed(self.records):
             try:
                 if backup:
@@ -437,7 +556,10 @@ def plan_grub(ctx):
     current, _assignments = evaluate_grub_defaults(ctx.root)
     base, _assignments = evaluate_grub_defaults(ctx.root, {dropin: None})
     old_segments = [split_cmdline(current[name]) for name in GRUB_VARS]
+    ctx.prepare(old_segments[0] + old_segments[1])
     new_segments = ctx.apply(old_segments)
+    # Only the variables whose result differs from what the other files give are pinned: once nothing
+    # differs (for example after state=absent gave the distribution's values back), the drop-in goes.
     wanted = {}
     for name, old, new in zip(GRUB_VARS, old_segments, new_segments):
         if split_cmdline(base[name]) != new:
@@ -470,8 +592,8 @@ def plan_grub(ctx):
     return plan
 
 
-def plan_default_grub_sync(ctx, plan, required):
-    """Plan the edit of /etc/default/grub itself (RHEL: no drop-ins); new arguments go to GRUB_CMDLINE_LINUX."""
+def read_default_grub(ctx, required):
+    """``(path, text, segments)`` of /etc/default/grub itself, or None when it does not exist (and is not required)."""
     path = ctx.path(GRUB_DEFAULTS)
     text = read_text(path)
     if text is None:
@@ -480,8 +602,18 @@ def plan_default_grub_sync(ctx, plan, required):
         return None
     env = {}
     parse_grub_defaults(text, path, env, {})
-    old_segments = [split_cmdline(env.get(name, "")) if isinstance(env.get(name, ""), str) else []
-                    for name in GRUB_VARS]
+    segments = [split_cmdline(env.get(name, "")) if isinstance(env.get(name, ""), str) else [] for name in GRUB_VARS]
+    return path, text, segments
+
+
+def plan_default_grub_sync(ctx, plan, defaults):
+    """Plan the edit of /etc/default/grub itself (RHEL: no drop-ins); new arguments go to GRUB_CMDLINE_LINUX.
+
+    ``defaults`` is what read_default_grub returned; None (no file) plans nothing.
+    """
+    if defaults is None:
+        return None
+    path, text, old_segments = defaults
     new_segments = ctx.apply(old_segments)
     changes = {name: " ".join(new) for name, old, new in zip(GRUB_VARS, old_segments, new_segments) if old != new}
     if changes:
@@ -511,6 +643,7 @@ def plan_grubby(ctx):
     plan = Plan()
     grubby = ctx.which("grubby", required=True)
     entries = grubby_entries(ctx, grubby)
+    ctx.prepare(entries[0]["args"])
     remove, add = [], []
     before_lines, after_lines = [], []
     for entry in entries:
@@ -526,7 +659,7 @@ def plan_grubby(ctx):
         add.extend(tok for tok in new if (tok in gone or tok not in old) and tok not in add)
     plan.cmdline_args = ctx.apply([entries[0]["args"]])[0]
     plan.entries = [{"kernel": e["kernel"], "args": " ".join(ctx.apply([e["args"]])[0])} for e in entries]
-    plan_default_grub_sync(ctx, plan, required=False)
+    plan_default_grub_sync(ctx, plan, read_default_grub(ctx, required=False))
     if plan.needs_change:
         backup_generated(ctx, plan)
         if remove:
@@ -551,14 +684,15 @@ def plan_grubby(ctx):
 def plan_grub2_mkconfig(ctx):
     plan = Plan()
     mkconfig = ctx.which("grub2-mkconfig", required=True)
-    segments = plan_default_grub_sync(ctx, plan, required=True)
-    entry_files = bls_entry_files(ctx.root)
+    defaults = read_default_grub(ctx, required=True)
+    options_of = [(path, read_bls_options(path)) for path in bls_entry_files(ctx.root)]
+    options_of = [(path, options) for path, options in options_of if options is not None]
+    # The effective command line is the first boot entry's (what cmdline reports), else /etc/default/grub's.
+    ctx.prepare(options_of[0][1] if options_of else defaults[2][0] + defaults[2][1])
+    segments = plan_default_grub_sync(ctx, plan, defaults)
     stale = []
     entries = []
-    for path in entry_files:
-        options = read_bls_options(path)
-        if options is None:
-            continue
+    for path, options in options_of:
         entries.append({"kernel": ctx.shown(path), "args": " ".join(ctx.apply([options])[0])})
         if ctx.apply([options])[0] != options:
             stale.append(path)
@@ -588,6 +722,7 @@ def plan_kernel_cmdline_file(ctx):
     if tokens is None:
         # kernel-install falls back to the running command line when the file is missing
         tokens = strip_loader_tokens(read_proc_cmdline(ctx.root) or [])
+    ctx.prepare(tokens)
     new = ctx.apply([tokens])[0]
     plan.cmdline_args = new
     if new != tokens:
@@ -626,7 +761,7 @@ def detect_backend(ctx):
 # ---------------------------------------------------------------------------------------------
 
 def execute(ctx, plan):
-    """Write the files, run the commands, verify; on any failure put every file back and fail."""
+    """Write the files and the record, run the commands, verify; on any failure put every file back and fail."""
     txn = Transaction(ctx.module)
     try:
         for path in plan.backup_only:
@@ -636,6 +771,8 @@ def execute(ctx, plan):
                 txn.remove(path)
             else:
                 txn.write(path, after)
+        if plan.record is not None:
+            txn.write_record(ctx.root, RECORD_FILE, plan.record[0], plan.record[1])
     except (OSError, IOError, ModuleFailure) as exc:
         done, errors = txn.rollback()
         raise ModuleFailure("writing the boot configuration failed: %s; rolled back (%s)%s"
@@ -680,12 +817,16 @@ def ensure(module, root="/"):
     if backend == "auto":
         backend = detect_backend(ctx)
     plan = BACKENDS[backend](ctx)
+    record_after = ctx.record_after()
+    if record_after != ctx.record_text:
+        plan.record = (ctx.record_text, record_after)
     file_diffs = [{"before_header": ctx.shown(path), "after_header": ctx.shown(path),
                    "before": before or "", "after": after or ""} for path, before, after in plan.files]
+    changed = plan.needs_change or plan.record is not None
     backups = []
-    if plan.needs_change and not module.check_mode:
+    if changed and not module.check_mode:
         backups = execute(ctx, plan)
-    changed = plan.needs_change
+    restored = ctx.restored if plan.needs_change else []
     result = {
         "changed": changed,
         "backend": backend,
@@ -693,6 +834,7 @@ def ensure(module, root="/"):
         "cmdline_args": list(plan.cmdline_args),
         "reboot_required": reboot_required(ctx, changed),
         "backup_files": backups,
+        "restored": restored,
     }
     main_files = [path for path, _b, _a in plan.files]
     for path in main_files:
@@ -703,14 +845,22 @@ def ensure(module, root="/"):
     if plan.entries is not None:
         result["entries"] = plan.entries
     if module._diff:
-        result["diff"] = file_diffs + plan.diff
+        record_diff = []
+        if plan.record is not None:
+            record_diff.append({"before_header": RECORD_FILE, "after_header": RECORD_FILE,
+                                "before": plan.record[0] or "", "after": plan.record[1] or ""})
+        result["diff"] = file_diffs + plan.diff + record_diff
     verb = "would change" if module.check_mode else "changed"
     if changed:
-        done = ", ".join(ctx.shown(p) for p in main_files) or "the boot entries"
+        done = [ctx.shown(p) for p in main_files] or (["the boot entries"] if plan.needs_change else [])
+        if plan.record is not None:
+            done.append(RECORD_FILE)
         ran = "; ran " + ", ".join(os.path.basename(c[0]) for c in plan.commands) if plan.commands else ""
         if module.check_mode:
             ran = ran.replace("ran", "would run")
-        msg = "%s %s%s" % (verb, done, ran)
+        msg = "%s %s%s" % (verb, ", ".join(done), ran)
+        if restored:
+            msg += "; %s %s back" % ("would give" if module.check_mode else "gave", " ".join(restored))
     else:
         msg = "boot configuration already has the requested kernel arguments"
     if result["reboot_required"]:
@@ -728,6 +878,7 @@ def build_module():
             arguments=dict(type="list", elements="raw", required=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             replace_values=dict(type="bool", default=True),
+            restore=dict(type="bool", default=True),
             backend=dict(type="str", choices=["auto", "grub", "grubby", "grub2_mkconfig", "kernel_cmdline_file"],
                          default="auto"),
             command_timeout=dict(type="int", default=300),

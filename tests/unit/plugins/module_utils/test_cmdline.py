@@ -312,3 +312,123 @@ def test_parse_arg_total(item):
     assert not any(ch in item for ch in " \t\n\"'$`;\\")
     assert item.isascii() and item.isprintable()
     assert arg.text == item
+
+
+# --- the record of what was replaced, and giving it back ----------------------------------------
+
+def test_apply_absent_with_restore_puts_the_original_in_place():
+    segs = [["ro", "intel_iommu=on", "quiet"], ["splash", "iommu=pt"]]
+    request = args(["intel_iommu=on", "iommu=pt"], "absent")
+    out = cl.apply_args(segs, request, "absent", restore={"intel_iommu": ["intel_iommu=off"]})
+    assert out == [["ro", "intel_iommu=off", "quiet"], ["splash"]]
+    # nothing of that key removed: nothing given back
+    assert cl.apply_args([["ro"]], request, "absent", restore={"intel_iommu": ["intel_iommu=off"]}) == [["ro"]]
+    # given back once even when several tokens went
+    out = cl.apply_args([["intel_iommu=on", "a", "intel_iommu=on"]], args(["intel_iommu=on"], "absent"), "absent",
+                        restore={"intel_iommu": ["intel_iommu=off", "intel_iommu=igfx_off"]})
+    assert out == [["intel_iommu=off", "intel_iommu=igfx_off", "a"]]
+
+
+def test_record_present_keeps_the_first_original_and_added_keys():
+    old = ["ro", "intel_iommu=off", "quiet"]
+    request = args(["intel_iommu=on", "iommu=pt"])
+    new = cl.apply_args([old], request, "present")[0]
+    keys, left_out = cl.record_present({}, old, new, request)
+    assert keys == {"intel_iommu": {"original": ["intel_iommu=off"], "set": ["intel_iommu=on"]},
+                    "iommu": {"original": [], "set": ["iommu=pt"]}}
+    assert left_out == []
+    again = args(["intel-iommu=on,sm_on"])
+    keys2, _left = cl.record_present(keys, new, cl.apply_args([new], again, "present")[0], again)
+    assert keys2["intel_iommu"] == {"original": ["intel_iommu=off"], "set": ["intel-iommu=on,sm_on"]}
+    assert keys["intel_iommu"]["set"] == ["intel_iommu=on"]  # input untouched
+    # no change: no entry
+    assert cl.record_present({}, new, new, request) == ({}, [])
+
+
+def test_record_present_without_replace_records_added_keys_only():
+    old = ["console=tty0"]
+    request = args(["console=ttyS0", "hugepages=16"], replace=False)
+    new = cl.apply_args([old], request, "present", False)[0]
+    keys, _left = cl.record_present({}, old, new, request, False)
+    assert keys == {"hugepages": {"original": [], "set": ["hugepages=16"]}}
+    more = args(["hugepages=32"], replace=False)
+    keys, _left = cl.record_present(keys, new, cl.apply_args([new], more, "present", False)[0], more, False)
+    assert keys["hugepages"]["set"] == ["hugepages=16", "hugepages=32"]
+
+
+def test_record_present_leaves_out_tokens_it_cannot_give_back_safely():
+    old = ['dyndbg="file a.c +p"', 'dyndbg="x\x07"']
+    request = args(["dyndbg=off"])
+    keys, left_out = cl.record_present({}, old, ["dyndbg=off"], request)
+    assert keys == {"dyndbg": {"original": ['dyndbg="file a.c +p"'], "set": ["dyndbg=off"]}}
+    assert left_out == ['dyndbg="x\x07"']
+
+
+RECORDED = {"intel_iommu": {"original": ["intel_iommu=off"], "set": ["intel_iommu=on"]},
+            "iommu": {"original": [], "set": ["iommu=pt"]}}
+
+
+def test_plan_restore_gives_back_and_drops_entries():
+    leave = args(["intel_iommu=on", "amd_iommu=on", "iommu=pt"], "absent")
+    give_back, keys = cl.plan_restore(RECORDED, ["ro", "intel_iommu=on", "iommu=pt"], leave)
+    assert give_back == {"intel_iommu": ["intel_iommu=off"]} and keys == {}
+    assert RECORDED["iommu"] == {"original": [], "set": ["iommu=pt"]}  # input untouched
+    # restore=false: nothing given back, entries dropped all the same
+    assert cl.plan_restore(RECORDED, ["intel_iommu=on", "iommu=pt"], leave, restore=False) == ({}, {})
+    # the user changed the value since: their setting wins, the entry goes
+    give_back, keys = cl.plan_restore(RECORDED, ["intel_iommu=igfx_off", "iommu=pt"], leave)
+    assert give_back == {} and keys == {}
+    # a request that removes none of the module's values keeps the entry
+    give_back, keys = cl.plan_restore(RECORDED, ["intel_iommu=on", "iommu=pt"], args(["iommu=soft"], "absent"))
+    assert give_back == {} and keys == RECORDED
+    # a bare KEY removes every value and gives nothing back
+    give_back, keys = cl.plan_restore(RECORDED, ["intel_iommu=on", "iommu=pt"], args(["intel_iommu"], "absent"))
+    assert give_back == {} and keys == {"iommu": RECORDED["iommu"]}
+
+
+def test_plan_restore_keeps_entry_while_a_module_value_is_left():
+    keys = {"intel_iommu": {"original": ["intel_iommu=off"], "set": ["intel_iommu=on", "intel_iommu=sm_on"]}}
+    tokens = ["intel_iommu=on", "intel_iommu=sm_on"]
+    give_back, new = cl.plan_restore(keys, tokens, args(["intel_iommu=on"], "absent"))
+    assert give_back == {} and new == {"intel_iommu": {"original": ["intel_iommu=off"], "set": ["intel_iommu=sm_on"]}}
+    give_back, new = cl.plan_restore(new, ["intel_iommu=sm_on"], args(["intel-iommu=sm_on"], "absent"))
+    assert give_back == {"intel_iommu": ["intel_iommu=off"]} and new == {}
+
+
+def test_record_text_round_trip_and_validation():
+    text = cl.render_record(RECORDED)
+    assert cl.load_record(text) == RECORDED
+    assert cl.render_record({}) is None and cl.load_record(None) == {}
+    for bad in ["", "{", "null", '{"version": 1}', '{"version": 1, "keys": {"a": {"original": [], "set": ["b=1"]}}}',
+                '{"version": 1, "keys": {"a": {"original": ["a=1 b=2"], "set": ["a=1"]}}}',
+                '{"version": 1, "keys": {"a": {"original": [], "set": ["a=1"], "x": 1}}}',
+                '{"version": 1, "keys": {"a$": {"original": [], "set": ["a$=1"]}}}',
+                '{"version": 1, "keys": {"a": {"original": [1], "set": ["a=1"]}}}', "[" * 100000]:
+        with pytest.raises(cl.CmdlineError) as info:
+            cl.load_record(bad, "/var/lib/gpuops/kernel_cmdline.json")
+        assert "/var/lib/gpuops/kernel_cmdline.json is not a valid record" in info.value.msg
+
+
+VALUED = st.from_regex(r"\A[a-z][a-z0-9_]{0,6}=[a-z0-9,:.]{1,6}\Z")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(SAFE_TOKEN, max_size=12), st.lists(SAFE_TOKEN, max_size=12), st.lists(VALUED, min_size=1, max_size=5))
+def test_present_then_absent_gives_the_original_line_back(seg0, seg1, wanted):
+    """For keys that had at most one value (another than the one asked for), the round trip is exact."""
+    try:
+        request = cl.parse_args(wanted, "present")
+    except cl.CmdlineError:
+        return
+    old = seg0 + seg1
+    for arg in request:
+        same = [t for t in old if arg.same_key(t)]
+        if len(same) > 1 or any(arg.equals(t) for t in same):
+            return
+    out = cl.apply_args([seg0, seg1], request, "present")
+    keys, left_out = cl.record_present({}, old, out[0] + out[1], request)
+    assert left_out == []
+    leave = cl.parse_args(wanted, "absent")
+    give_back, rest = cl.plan_restore(cl.load_record(cl.render_record(keys)), out[0] + out[1], leave)
+    assert rest == {}
+    assert cl.apply_args(out, leave, "absent", restore=give_back) == [seg0, seg1]

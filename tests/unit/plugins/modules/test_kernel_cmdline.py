@@ -13,6 +13,7 @@ test host's own update-grub or grubby is never found.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import sys
@@ -783,3 +784,317 @@ def test_write_failure_rolls_back_earlier_files(tmp_path):
     assert "could not back up" in result["msg"] and "disk full" in result["msg"]
     assert host.snapshot() == snap
     assert host.calls() == []
+
+
+# --- restore: giving back what the module replaced (issue 17) -----------------------------------
+
+RECORD = "/var/lib/gpuops/kernel_cmdline.json"
+LEAVE = ["intel_iommu=on", "amd_iommu=on", "iommu=pt"]  # what host_prepare removes on a container node
+BACKENDS = ["grub", "grubby", "grub2_mkconfig", "kernel_cmdline_file"]
+
+
+def file_host(base):
+    host = Host(base)
+    host.write("/etc/kernel/cmdline", "root=UUID=1 rw quiet intel_iommu=off\n")
+    host.write("/proc/cmdline", "initrd=\\initrd root=UUID=1 rw quiet intel_iommu=off\n")
+    host.script("kernel-install", "#!/bin/sh\nexit 0\n")
+    return host
+
+
+def host_for(backend, base):
+    if backend == "grub":
+        return debian_host(base)
+    if backend == "kernel_cmdline_file":
+        return file_host(base)
+    return rhel_host(base, with_grubby=backend == "grubby")
+
+
+def booted(host, backend):
+    """The command line each boot entry gets, as a list of token lists (what the host boots with)."""
+    if backend == "grub":
+        return [line.split()[4:] for line in host.grub_cfg().splitlines() if line.strip().startswith("linux ")]
+    if backend == "kernel_cmdline_file":
+        return [host.read("/etc/kernel/cmdline").split()]
+    return [options.split()[2:] for options in entries_options(host)]  # without root= and ro
+
+
+def record(host):
+    if not host.exists(RECORD):
+        return None
+    return json.loads(host.read(RECORD))["keys"]
+
+
+def user_sets(host, old, new):
+    """Someone changes the setting by hand in every file that holds it (drop-in, defaults, entries, cmdline)."""
+    paths = [DROPIN, "/etc/default/grub", "/etc/kernel/cmdline"]
+    if os.path.isdir(host.path("/boot/loader/entries")):
+        paths += ["/boot/loader/entries/" + n for n in os.listdir(host.path("/boot/loader/entries"))]
+    for path in paths:
+        if host.exists(path):
+            host.write(path, host.read(path).replace(old, new))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_round_trip_gives_intel_iommu_off_back(tmp_path, backend):
+    host = host_for(backend, tmp_path)
+    # the command line the host boots with before the module (grub.cfg is only written by update-grub)
+    original = booted(host, backend) if backend != "grub" else [["console=ttyS0,115200", "intel_iommu=off"]]
+    present = run(host, backend=backend, arguments=IOMMU)
+    assert present["changed"] is True and present["restored"] == []
+    assert all("intel_iommu=on" in line and "intel_iommu=off" not in line for line in booted(host, backend))
+    assert record(host) == {"intel_iommu": {"original": ["intel_iommu=off"], "set": ["intel_iommu=on"]},
+                            "iommu": {"original": [], "set": ["iommu=pt"]}}
+    assert stat.S_IMODE(os.stat(host.path(RECORD)).st_mode) == 0o644
+
+    absent = run(host, backend=backend, arguments=LEAVE, state="absent")
+    assert not absent.get("failed"), absent
+    assert absent["changed"] is True
+    assert absent["restored"] == ["intel_iommu=off"]
+    assert "gave intel_iommu=off back" in absent["msg"]
+    assert "intel_iommu=off" in absent["cmdline_args"] and "iommu=pt" not in absent["cmdline_args"]
+    for line in booted(host, backend):
+        assert "intel_iommu=off" in line and "intel_iommu=on" not in line and "iommu=pt" not in line
+    assert sorted(map(sorted, booted(host, backend))) == sorted(map(sorted, original))
+    assert not host.exists(RECORD)  # every entry given back or dropped: no file left
+    assert os.path.isdir(host.path("/var/lib/gpuops"))
+
+    snap = host.snapshot()
+    again = run(host, backend=backend, arguments=LEAVE, state="absent")
+    assert again["changed"] is False and again["restored"] == []
+    assert host.snapshot() == snap
+
+
+def test_grub_round_trip_deletes_dropin_and_regenerates(tmp_path):
+    host = debian_host(tmp_path)
+    grub_before = host.read("/etc/default/grub")
+    assert run(host, arguments=IOMMU)["changed"] is True
+    assert host.exists(DROPIN)
+    result = run(host, arguments=LEAVE, state="absent")
+    assert result["changed"] is True
+    assert not host.exists(DROPIN)  # the drop-in changes nothing any more: /etc/default/grub rules again
+    assert host.calls() == ["update-grub ", "update-grub "]
+    assert "console=ttyS0,115200 intel_iommu=off" in host.grub_cfg()
+    assert host.read("/etc/default/grub") == grub_before
+
+
+def test_grub_dropin_kept_while_it_still_carries_another_argument(tmp_path):
+    host = debian_host(tmp_path)
+    assert run(host, arguments=IOMMU)["changed"] is True
+    result = run(host, arguments=["intel_iommu=on"], state="absent")
+    assert result["restored"] == ["intel_iommu=off"]
+    dropin = host.read(DROPIN)
+    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in dropin
+    assert "GRUB_CMDLINE_LINUX_DEFAULT" not in dropin  # back to what /etc/default/grub says: not pinned
+    assert "iommu=pt console=ttyS0,115200 intel_iommu=off" in host.grub_cfg()
+    assert record(host) == {"iommu": {"original": [], "set": ["iommu=pt"]}}
+    # and the last argument going takes the drop-in with it
+    assert run(host, arguments=["iommu=pt"], state="absent")["restored"] == []
+    assert not host.exists(DROPIN) and not host.exists(RECORD)
+
+
+def test_distribution_dropin_with_intel_iommu_off_takes_effect_again(tmp_path):
+    host = Host(tmp_path)
+    host.write("/etc/default/grub", UBUNTU_GRUB)
+    host.write("/etc/default/grub.d/50-iommu.cfg",
+               'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT intel_iommu=off"\n')
+    host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=1 ro quiet splash intel_iommu=off\n")
+    host.update_grub()
+    assert run(host, arguments=IOMMU)["changed"] is True
+    assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash intel_iommu=on"' in host.read(DROPIN)
+    assert "intel_iommu=off" not in host.grub_cfg()
+    assert record(host)["intel_iommu"] == {"original": ["intel_iommu=off"], "set": ["intel_iommu=on"]}
+
+    result = run(host, arguments=LEAVE, state="absent")
+    assert result["changed"] is True and result["restored"] == ["intel_iommu=off"]
+    assert not host.exists(DROPIN) and not host.exists(RECORD)
+    assert "ro  quiet splash intel_iommu=off\n" in host.grub_cfg()
+    assert host.read("/etc/default/grub.d/50-iommu.cfg").count("intel_iommu=off") == 1
+    assert run(host, arguments=LEAVE, state="absent")["changed"] is False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_added_key_is_just_removed(tmp_path, backend):
+    host = host_for(backend, tmp_path)
+    before = booted(host, backend) if backend != "grub" else [["console=ttyS0,115200", "intel_iommu=off"]]
+    assert run(host, backend=backend, arguments=["iommu=pt"])["changed"] is True
+    assert record(host) == {"iommu": {"original": [], "set": ["iommu=pt"]}}
+    result = run(host, backend=backend, arguments=["iommu=pt"], state="absent")
+    assert result["changed"] is True and result["restored"] == []
+    assert not host.exists(RECORD)
+    assert booted(host, backend) == before
+    assert not host.exists(DROPIN)
+    assert all("iommu=pt" not in line and "intel_iommu=off" in line for line in booted(host, backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_user_changed_the_value_in_between_wins(tmp_path, backend):
+    host = host_for(backend, tmp_path)
+    assert run(host, backend=backend, arguments=IOMMU)["changed"] is True
+    user_sets(host, "intel_iommu=on", "intel_iommu=igfx_off")
+    result = run(host, backend=backend, arguments=LEAVE, state="absent")
+    assert not result.get("failed"), result
+    assert result["changed"] is True and result["restored"] == []
+    for line in booted(host, backend):
+        assert "intel_iommu=igfx_off" in line and "intel_iommu=off" not in line and "iommu=pt" not in line
+    assert not host.exists(RECORD)  # the intel_iommu entry is dropped, iommu was added: nothing left
+
+
+def test_user_changed_value_only_drops_the_record_entry(tmp_path):
+    """Nothing to change in the boot configuration, but the stale entry must not outlive the user's change."""
+    host = file_host(tmp_path)
+    assert run(host, arguments=["intel_iommu=on"])["changed"] is True
+    user_sets(host, "intel_iommu=on", "intel_iommu=igfx_off")
+    snap_cmdline = host.read("/etc/kernel/cmdline")
+    result = run(host, diff=True, arguments=["intel_iommu=on"], state="absent")
+    assert result["changed"] is True and result["restored"] == []
+    assert result["msg"].startswith("changed %s" % RECORD)
+    assert host.read("/etc/kernel/cmdline") == snap_cmdline
+    assert not host.exists(RECORD)
+    assert result["diff"][-1]["before_header"] == RECORD and result["diff"][-1]["after"] == ""
+    assert run(host, arguments=["intel_iommu=on"], state="absent")["changed"] is False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_restore_false_only_removes(tmp_path, backend):
+    host = host_for(backend, tmp_path)
+    assert run(host, backend=backend, arguments=IOMMU)["changed"] is True
+    result = run(host, backend=backend, arguments=LEAVE, state="absent", restore=False)
+    assert result["changed"] is True and result["restored"] == []
+    assert "gave" not in result["msg"]
+    assert all("intel_iommu" not in " ".join(line) for line in booted(host, backend))
+    assert not host.exists(RECORD)  # the entries of the keys removed are dropped all the same
+    assert run(host, backend=backend, arguments=LEAVE, state="absent")["changed"] is False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_check_mode_writes_no_record_and_shows_it_in_the_diff(tmp_path, backend):
+    host = host_for(backend, tmp_path)
+    snap = host.snapshot()
+    check = run(host, check=True, diff=True, backend=backend, arguments=IOMMU)
+    assert check["changed"] is True
+    assert host.snapshot() == snap and not os.path.exists(host.path("/var/lib/gpuops"))
+    record_diff = check["diff"][-1]
+    assert record_diff["before_header"] == RECORD and record_diff["before"] == ""
+    assert '"original": [\n        "intel_iommu=off"\n      ]' in record_diff["after"]
+
+    assert run(host, backend=backend, arguments=IOMMU)["changed"] is True
+    snap = host.snapshot()
+    calls = len(host.calls())
+    check = run(host, check=True, diff=True, backend=backend, arguments=LEAVE, state="absent")
+    assert check["changed"] is True and check["restored"] == ["intel_iommu=off"]
+    assert "would give intel_iommu=off back" in check["msg"]
+    assert "intel_iommu=off" in check["cmdline_args"]
+    assert host.snapshot() == snap
+    assert all(not c.startswith(("update-grub", "grub2-mkconfig", "grubby --update")) for c in host.calls()[calls:])
+    record_diff = check["diff"][-1]
+    assert record_diff["before_header"] == RECORD and "intel_iommu=off" in record_diff["before"]
+    assert record_diff["after"] == ""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_later_replacement_keeps_the_first_original(tmp_path, backend):
+    host = host_for(backend, tmp_path)
+    assert run(host, backend=backend, arguments=["intel_iommu=on"])["changed"] is True
+    assert run(host, backend=backend, arguments=["intel_iommu=on,sm_on"])["changed"] is True
+    assert record(host) == {"intel_iommu": {"original": ["intel_iommu=off"], "set": ["intel_iommu=on,sm_on"]}}
+    # Removing a value the module no longer holds gives nothing back, and the record stays
+    assert run(host, backend=backend, arguments=["intel_iommu=on"], state="absent")["changed"] is False
+    result = run(host, backend=backend, arguments=["intel_iommu=on,sm_on"], state="absent")
+    assert result["restored"] == ["intel_iommu=off"]
+    assert all("intel_iommu=off" in line for line in booted(host, backend))
+
+
+def test_absent_of_a_bare_key_gives_nothing_back(tmp_path):
+    host = debian_host(tmp_path)
+    assert run(host, arguments=IOMMU)["changed"] is True
+    result = run(host, arguments=["intel_iommu"], state="absent")
+    assert result["changed"] is True and result["restored"] == []
+    assert "intel_iommu" not in host.grub_cfg()
+    assert record(host) == {"iommu": {"original": [], "set": ["iommu=pt"]}}
+
+
+def test_update_grub_failure_rolls_the_record_back(tmp_path):
+    host = debian_host(tmp_path)
+    assert run(host, arguments=IOMMU)["changed"] is True
+    snap = host.snapshot()
+    host.update_grub(fail=True)
+    result = run(host, arguments=LEAVE, state="absent")
+    assert result["failed"] is True and result["rolled_back"] is True
+    assert "restored %s" % host.path(RECORD) in result["msg"]
+    assert {k: v for k, v in host.snapshot().items() if not k.endswith("~")} == snap
+
+
+def test_failure_on_a_fresh_host_leaves_no_record_or_directory(tmp_path):
+    host = debian_host(tmp_path)
+    host.update_grub(fail=True)
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True
+    assert "removed %s (it did not exist before)" % host.path(RECORD) in result["msg"]
+    assert host.snapshot() == snap
+    assert not os.path.exists(host.path("/var"))
+
+
+def test_record_write_failure_rolls_back_the_boot_files(tmp_path):
+    host = debian_host(tmp_path)
+    snap = host.snapshot()
+    failure = kernel_cmdline._persist.PersistError(RECORD, "No space left on device")
+    with mock.patch.object(kernel_cmdline._persist, "write_text", side_effect=failure):
+        result = run(host, arguments=IOMMU)
+    assert result["failed"] is True and "No space left on device" in result["msg"]
+    assert "rolled back" in result["msg"] and "removed %s" % host.path(DROPIN) in result["msg"]
+    assert host.snapshot() == snap and host.calls() == []
+    assert not os.path.exists(host.path("/var")) and not os.path.exists(host.path("/etc/default/grub.d"))
+
+
+def test_unreadable_record_path_refused_before_any_change(tmp_path):
+    host = debian_host(tmp_path)
+    host.write("/var/lib/gpuops", "not a directory\n")
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True and "cannot read" in result["msg"] and RECORD in result["msg"]
+    assert host.snapshot() == snap and host.calls() == []
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("{not json", "not JSON"),
+    ('{"version": 2, "keys": {}}', "version 1"),
+    ('{"version": 1, "keys": {"intel_iommu": {"original": ["intel_iommu=off quiet"], "set": ["intel_iommu=on"]}}}',
+     "single arguments"),
+    ('{"version": 1, "keys": {"intel_iommu": {"original": ["init=/bin/sh"], "set": ["intel_iommu=on"]}}}',
+     "single arguments"),
+    ('{"version": 1, "keys": {"intel_iommu": {"original": ["intel_iommu=off\\n"], "set": ["intel_iommu=on"]}}}',
+     "single arguments"),
+    ('{"version": 1, "keys": {"intel-iommu": {"original": [], "set": ["intel-iommu=on"]}}}', "normalized"),
+    ('{"version": 1, "keys": {"iommu": {"original": [], "set": []}}}', "empty"),
+    ('[]', "expected an object"),
+])
+def test_bad_record_refused_before_any_change(tmp_path, text, fragment):
+    host = debian_host(tmp_path)
+    host.write(RECORD, text)
+    snap = host.snapshot()
+    for state in ("present", "absent"):
+        result = run(host, arguments=IOMMU, state=state)
+        assert result["failed"] is True and result["changed"] is False
+        assert RECORD in result["msg"] and fragment in result["msg"], result["msg"]
+        assert host.snapshot() == snap and host.calls() == []
+
+
+def test_bad_restore_value_refused(tmp_path):
+    host = debian_host(tmp_path)
+    snap = host.snapshot()
+    result = run(host, arguments=IOMMU, state="absent", restore="sometimes")
+    assert result["failed"] is True and "'restore'" in result["msg"] and "not a valid boolean" in result["msg"]
+    assert host.snapshot() == snap
+
+
+def test_replace_values_false_records_only_added_keys(tmp_path):
+    host = Host(tmp_path)
+    host.write("/etc/default/grub", UBUNTU_GRUB.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="console=tty0"'))
+    host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=1 ro console=tty0 quiet splash\n")
+    host.update_grub()
+    assert run(host, arguments=["console=ttyS0,115200", "hugepages=16"], replace_values=False)["changed"] is True
+    assert record(host) == {"hugepages": {"original": [], "set": ["hugepages=16"]}}
+    result = run(host, arguments=["console=ttyS0,115200", "hugepages=16"], state="absent")
+    assert result["restored"] == [] and "console=tty0 " in host.grub_cfg()
+    assert not host.exists(DROPIN) and not host.exists(RECORD)
