@@ -715,7 +715,6 @@ def process_cmdline(path):
     return text if len(text) <= CMDLINE_LIMIT else text[:CMDLINE_LIMIT] + "..."
 
 
-
 # Argument spec of the selector options documented by the gpuops.sandbox.pci_selectors doc fragment.
 SELECTOR_ARGUMENT_SPEC = dict(
     addresses=dict(type="list", elements="str"),

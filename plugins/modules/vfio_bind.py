@@ -37,9 +37,9 @@ description:
   - With O(state=absent), restores the selected functions (and with O(include_group) the other functions
     of their groups that are on a vfio driver) and removes this module's records and udev rules for them.
   - With O(state=absent), a function the host claims for vfio-pci outside this module is refused before
-    anything changes, naming the claim, because it would go back to vfio-pci as soon as it is released:
-    C(vfio-pci.ids=) on the running kernel's command line, C(options vfio-pci ids=) in a modprobe.d
-    directory, or a driverctl override (C(/etc/driverctl.d/pci-<address>)).
+    anything changes, naming the claim, because it would go back to vfio-pci as soon as it is released.
+    The claims are C(vfio-pci.ids=) on the running kernel's command line, C(options vfio-pci ids=) in a
+    modprobe.d directory, and a driverctl override (C(/etc/driverctl.d/pci-<address>)).
   - Processes holding a device node are named by PID and full command line.
 author:
   - gpuops.sandbox contributors (@gpuops)
