@@ -13,8 +13,9 @@ short_description: Gather facts about the GPUs (and other PCI functions) of a ho
 version_added: 0.1.0
 description:
   - Reads C(/sys/bus/pci/devices) and returns, for each selected PCI function, its vendor, device,
-    subsystem and class IDs, the names from the host's C(pci.ids), the driver it is bound to, its NUMA
-    node, whether it is the boot VGA device, its IOMMU group with every member of the group, whether
+    subsystem and class IDs, the names from the host's C(pci.ids), the driver it is bound to and its
+    C(driver_override), its NUMA node, whether it is the boot VGA device, its IOMMU group with every member
+    of the group (each with its driver and C(driver_override)), whether
     the group is viable for passthrough, SR-IOV state, legacy mdev types and NVIDIA vendor-specific
     vGPU types.
   - Also returns a summary of the IOMMU state, every mdev parent device of the host, and C(gpuops_host) -
@@ -106,6 +107,7 @@ ansible_facts:
           subsystem_name: null
           class_name: 3D controller
           driver: nvidia
+          driver_override: null
           is_bridge: false
           sysfs_path: /sys/devices/pci0000:64/0000:64:00.0/0000:65:00.0
           numa_node: 0
@@ -119,6 +121,7 @@ ansible_facts:
               subsystem_device: "1482"
               class: "030200"
               driver: nvidia
+              driver_override: null
               is_bridge: false
               pci: true
           viable: false
@@ -181,6 +184,13 @@ ansible_facts:
           description: Driver the function is bound to, or null when it has none.
           type: str
           sample: nvidia
+        driver_override:
+          description:
+            - The function's C(driver_override) (the only driver the kernel will bind it to), or null when none is
+              set. A function with C(driver_override=vfio-pci) and no driver stays without one until the override
+              is cleared.
+          type: str
+          sample: null
         is_bridge:
           description: Whether the function is a PCI bridge (class C(0604)).
           type: bool
@@ -203,7 +213,8 @@ ansible_facts:
           sample: 12
         iommu_group_members:
           description: Every function in the IOMMU group (the function itself included) with its IDs, class,
-            driver and whether it is a bridge; C(pci) is false for a non-PCI member.
+            driver, C(driver_override) (null when none is set, and for a non-PCI member) and whether it is a bridge;
+            C(pci) is false for a non-PCI member.
           type: list
           elements: dict
           sample: []
@@ -382,6 +393,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     select_functions,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
+from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio import read_override
 
 # Host root for everything this module reads. Only unit tests point it elsewhere.
 ROOT = "/"
@@ -417,7 +429,7 @@ def gather(params, root="/"):
         include_all=params.get("include_all") or False,
     )
     db = load_pci_ids_db(root)
-    gpus = [describe_function(address, root=root, pci_ids_db=db) for address in selected]
+    gpus = [with_overrides(describe_function(address, root=root, pci_ids_db=db), root) for address in selected]
     parents = mdev_parents(root)
     return {
         "gpuops_gpus": gpus,
@@ -426,6 +438,14 @@ def gather(params, root="/"):
         "gpuops_pci_ids": db["path"],
         "gpuops_host": host_summary(root),
     }
+
+
+def with_overrides(info, root="/"):
+    """Add ``driver_override`` (None when unset) to a function and to each PCI member of its IOMMU group."""
+    info["driver_override"] = read_override(info["address"], root)
+    for member in info["iommu_group_members"]:
+        member["driver_override"] = read_override(member["address"], root) if member["pci"] else None
+    return info
 
 
 # Boot files this collection's modules and roles write; their presence tells what a host was set up for.

@@ -140,8 +140,11 @@ class SysfsTree:
     # -- PCI -------------------------------------------------------------------------------
     def add_function(self, address, vendor, device, pci_class, parent=None, driver=None, iommu_group=None,
                      subsystem_vendor=None, subsystem_device=None, numa_node=-1, boot_vga=None,
-                     sriov_totalvfs=None, sriov_numvfs=None, revision="a1", parent_dir=None):
-        """Add a PCI function under ``parent`` (address of an added bridge), ``parent_dir`` or the root bus."""
+                     sriov_totalvfs=None, sriov_numvfs=None, revision="a1", parent_dir=None, driver_override=None):
+        """Add a PCI function under ``parent`` (address of an added bridge), ``parent_dir`` or the root bus.
+
+        ``driver_override`` is what its ``driver_override`` attribute shows (the kernel's ``(null)`` when None).
+        """
         if parent_dir is not None:
             devdir = "%s/%s" % (parent_dir, address)
         elif parent is None:
@@ -156,7 +159,7 @@ class SysfsTree:
         self.write(devdir + "/subsystem_device", "0x%s\n" % (subsystem_device or "0000"))
         self.write(devdir + "/revision", "0x%s\n" % revision)
         self.write(devdir + "/numa_node", "%d\n" % numa_node)
-        self.write(devdir + "/driver_override", "(null)\n")
+        self.write(devdir + "/driver_override", "%s\n" % (driver_override or "(null)"))
         self.write(devdir + "/enable", "1\n")
         if boot_vga is not None:
             self.write(devdir + "/boot_vga", "%d\n" % boot_vga)

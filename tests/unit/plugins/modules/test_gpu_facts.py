@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -56,6 +57,66 @@ def test_defaults_select_nvidia_gpus_and_change_nothing(monkeypatch, host):
     assert vf["physfn"] == st.A100
     assert vf["mdev_types"][0]["name"] == "NVIDIA A100-4C"
     assert facts["gpuops_gpus"][5]["vgpu"]["creatable_types"][0] == {"id": 1155, "name": "NVIDIA L40S-1B"}
+
+
+def test_driver_override_is_null_when_unset(monkeypatch, host):
+    kind, result = run(monkeypatch, host.root, {"vendors": ["10de:2236"]})
+    assert kind == "exit"
+    a10 = result["ansible_facts"]["gpuops_gpus"][0]
+    assert a10["driver_override"] is None
+    assert [(m["address"], m["driver_override"]) for m in a10["iommu_group_members"]] == [(st.A10, None), (st.A10_AUDIO, None)]
+    # An empty attribute (the kernel shows "(null)" or, on some versions, nothing) is unset too.
+    host.write(host.functions[st.A10] + "/driver_override", "\n")
+    _kind, result = run(monkeypatch, host.root, {"vendors": ["10de:2236"]})
+    assert result["ansible_facts"]["gpuops_gpus"][0]["driver_override"] is None
+
+
+def test_driver_override_of_a_stranded_gpu_and_sibling(tmp_path, monkeypatch):
+    """After a switch away from vm-passthrough: both functions with driver_override=vfio-pci and no driver."""
+    tree = st.SysfsTree(tmp_path)
+    tree.add_function(st.A10_PORT, "8086", "347a", "060400", driver="pcieport", iommu_group=11)
+    tree.add_function(st.A10, "10de", "2236", "030200", parent=st.A10_PORT, iommu_group=12, driver_override="vfio-pci")
+    tree.add_function(st.A10_AUDIO, "10de", "1aef", "040300", parent=st.A10_PORT, iommu_group=12,
+                      driver_override="vfio-pci")
+    tree.set_iommu()
+    before = tree.snapshot()
+    kind, result = run(monkeypatch, tree.root, {})
+    assert kind == "exit" and tree.snapshot() == before
+    a10 = result["ansible_facts"]["gpuops_gpus"][0]
+    assert (a10["address"], a10["driver"], a10["driver_override"]) == (st.A10, None, "vfio-pci")
+    assert [(m["address"], m["driver"], m["driver_override"]) for m in a10["iommu_group_members"]] == [
+        (st.A10, None, "vfio-pci"), (st.A10_AUDIO, None, "vfio-pci")]
+
+
+def test_driver_override_of_a_sibling_on_its_host_driver(monkeypatch, host):
+    host.write(host.functions[st.A10_AUDIO] + "/driver_override", "snd_hda_intel\n")
+    _kind, result = run(monkeypatch, host.root, {})
+    gpus = result["ansible_facts"]["gpuops_gpus"]
+    assert gpus[0]["driver_override"] is None
+    assert [(m["driver"], m["driver_override"]) for m in gpus[0]["iommu_group_members"]] == [
+        ("nvidia", None), ("snd_hda_intel", "snd_hda_intel")]
+    # Every GPU and every group member has the key.
+    assert all("driver_override" in g and all("driver_override" in m for m in g["iommu_group_members"]) for g in gpus)
+
+
+def test_driver_override_without_the_attribute_and_of_a_non_pci_member(monkeypatch, host):
+    """An old kernel without driver_override, and a platform device in the group (no PCI attributes at all)."""
+    os.unlink(host.path(host.functions[st.A10] + "/driver_override"))
+    host.mkdir("/sys/devices/platform/dummy.0")
+    host.link("/sys/kernel/iommu_groups/12/devices/dummy.0", "/sys/devices/platform/dummy.0")
+    _kind, result = run(monkeypatch, host.root, {"vendors": ["10de:2236"]})
+    a10 = result["ansible_facts"]["gpuops_gpus"][0]
+    assert a10["driver_override"] is None
+    assert [(m["address"], m["pci"], m["driver_override"]) for m in a10["iommu_group_members"]] == [
+        (st.A10, True, None), (st.A10_AUDIO, True, None), ("dummy.0", False, None)]
+
+
+def test_no_group_members_with_the_iommu_off(tmp_path, monkeypatch):
+    tree = st.build_gpu_host(tmp_path, iommu=False)
+    tree.write(tree.functions[st.A10] + "/driver_override", "vfio-pci\n")
+    _kind, result = run(monkeypatch, tree.root, {"vendors": ["10de:2236"]})
+    a10 = result["ansible_facts"]["gpuops_gpus"][0]
+    assert (a10["driver_override"], a10["iommu_group"], a10["iommu_group_members"]) == ("vfio-pci", None, [])
 
 
 def test_check_mode_gives_the_same_facts(monkeypatch, host):

@@ -1,0 +1,434 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Filter: the checks of a prepared GPU node against its workload type (the role host_verify)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import WORKLOAD_TYPES, IOMMU_WORKLOAD_TYPES
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, normalize_pci_address
+from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio import is_vfio_driver
+
+DOCUMENTATION = r"""
+---
+name: host_checks
+short_description: The checks of a prepared GPU node against its workload type
+version_added: 0.4.0
+description:
+  - Takes the facts of M(gpuops.sandbox.gpu_facts) (C(gpuops_gpus), C(gpuops_iommu), C(gpuops_host)) and what the
+    host was prepared for, and returns the checks of the role R(gpuops.sandbox.host_verify,
+    ansible_collections.gpuops.sandbox.host_verify_role), each a dict with C(check) (its name), C(ok) and C(detail).
+  - VM node types (those of P(gpuops.sandbox.workload_types#filter) V(iommu)), when no reboot is pending - C(kernel
+    command line) (C(intel_iommu=on) on Intel, C(iommu=pt) when O(iommu_pt)) and C(IOMMU groups).
+  - C(container), when no reboot is pending - C(no IOMMU arguments of a VM node).
+  - Every type but C(vm-passthrough) - C(no vfio-pci binding left) (no GPU on a vfio driver, no vfio udev rule or
+    module file), C(no vfio driver_override left) (no GPU and no function of a GPU's IOMMU group has a
+    C(driver_override) naming vfio-pci or a C(*_vfio_pci) variant, which would strand it without a driver), and for
+    each function O(expected) C(restored) names, C(<address> back on <driver>) - on exactly that driver (C(no
+    driver) for null) with no C(driver_override); a function the facts and O(reads) do not show fails as missing.
+    These are checked at both stages, also with a reboot pending.
+  - Every type but C(vm-vgpu) - C(no vGPU devices or VF records left).
+  - C(vm-passthrough) with O(vfio_binding=host), at the V(final) stage with no reboot pending - C(GPUs on vfio-pci)
+    (every GPU on a vfio driver, every group viable) and C(vfio boot settings).
+  - C(vm-vgpu) with O(vgpu_devices=host) - C(vGPU devices) (every expected mdev live, and at the V(final) stage at
+    least one) and C(SR-IOV VFs of <PF>) for each PF of O(expected) C(sriov).
+  - At the V(after-reboot) stage - C(<address> back on vfio-pci after the reboot) for each GPU of O(expected)
+    C(vfio).
+  - Bad input (a fact or setting of the wrong type, an unknown workload type or stage, an address that is not one)
+    raises an error naming it.
+author:
+  - gpuops.sandbox contributors (@gpuops)
+options:
+  _input:
+    description: The GPUs, C(gpuops_gpus) of M(gpuops.sandbox.gpu_facts).
+    type: list
+    elements: dict
+    required: true
+  iommu:
+    description: C(gpuops_iommu) of M(gpuops.sandbox.gpu_facts).
+    type: dict
+    required: true
+  host:
+    description: C(gpuops_host) of M(gpuops.sandbox.gpu_facts).
+    type: dict
+    required: true
+  workload_type:
+    description: Workload type of the host.
+    type: str
+    required: true
+    choices: [container, vm-passthrough, vm-vgpu, dra]
+  cpu_vendor:
+    description: CPU vendor (Intel hosts need C(intel_iommu=on); AMD-Vi is on with the firmware's table).
+    type: str
+    choices: [intel, amd]
+    default: intel
+  stage:
+    description: V(after-reboot) checks what must have survived a reboot; V(final) the whole readiness.
+    type: str
+    choices: [after-reboot, final]
+    default: final
+  reboot_pending:
+    description: A reboot is pending, so the boot settings are not checked against the running kernel.
+    type: bool
+    default: false
+  iommu_pt:
+    description: Whether C(iommu=pt) is expected on VM nodes.
+    type: bool
+    default: true
+  vfio_binding:
+    description: Who binds passthrough GPUs; only V(host) bindings are checked.
+    type: str
+    choices: [host, operator]
+    default: host
+  vgpu_devices:
+    description: Who creates vGPU devices; only V(host) devices are checked.
+    type: str
+    choices: [host, operator]
+    default: host
+  expected:
+    description:
+      - What the preparation left (C(host_prepare_expected)) - C(vfio) (addresses bound to vfio-pci), C(mdev_uuids),
+        C(sriov) (PF address to VF count) and C(restored) (address to the driver, or null, a function was given back
+        to from vfio-pci). A missing key counts as empty.
+    type: dict
+    default: {}
+  reads:
+    description:
+      - The registered C(results) of M(ansible.builtin.slurp) looping over C([address, attribute]) pairs, the
+        attributes C(uevent) and C(driver_override) of C(/sys/bus/pci/devices/<address>), for the functions of
+        O(expected) C(restored) that the facts do not show (neither a GPU nor in a GPU's IOMMU group, as with the
+        IOMMU off). A function whose C(uevent) could not be read is missing. Skipped results are left out.
+    type: list
+    elements: dict
+    default: []
+"""
+
+EXAMPLES = r"""
+- name: Check the host
+  ansible.builtin.set_fact:
+    checks: >-
+      {{ gpuops_gpus | gpuops.sandbox.host_checks(gpuops_iommu, gpuops_host, workload_type='container',
+                                                  cpu_vendor='intel', expected=host_prepare_expected) }}
+
+- name: The failed checks
+  ansible.builtin.debug:
+    msg: "{{ checks | rejectattr('ok') | map(attribute='detail') | list }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The checks, each with C(check) (its name), C(ok) (bool) and C(detail) (what was found).
+  type: list
+  elements: dict
+  sample:
+    - check: no vfio-pci binding left
+      ok: true
+      detail: "GPU drivers {'0000:65:00.0': 'nvidia'}; vfio files []"
+    - check: 0000:65:00.1 back on snd_hda_intel
+      ok: false
+      detail: 0000:65:00.1 is on no driver, driver_override=vfio-pci; snd_hda_intel wanted, with no driver_override
+"""
+
+NAME = "host_checks"
+STAGES = ("after-reboot", "final")
+MODES = ("host", "operator")
+CPU_VENDORS = ("intel", "amd")
+READ_ATTRIBUTES = ("uevent", "driver_override")
+NULL_OVERRIDE = "(null)"
+
+
+def _fail(text, *args):
+    raise AnsibleFilterError("%s: %s" % (NAME, text % args))
+
+
+def _choice(name, value, choices):
+    if not isinstance(value, str) or value not in choices:
+        _fail("%s must be one of %s, got %r", name, ", ".join(choices), value)
+    return str(value)
+
+
+def _flag(name, value):
+    try:
+        return boolean(value, strict=True)
+    except TypeError:
+        _fail("%s must be a boolean, got %r", name, value)
+    return False  # not reached
+
+
+def _mapping(name, value):
+    if not isinstance(value, Mapping):
+        _fail("%s must be a dict, got %r", name, value)
+    return value
+
+
+def _plain(value):
+    """Plain str, list and dict copies of template data, so that details read as the Jinja template wrote them."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Mapping):
+        return dict((_plain(k), _plain(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _address(name, value):
+    try:
+        return normalize_pci_address(value)
+    except SysfsError as exc:
+        _fail("%s: %s", name, exc)
+    return None  # not reached
+
+
+def _driver_name(name, value):
+    if value is not None and (not isinstance(value, str) or not value):
+        _fail("%s must be a driver name or null, got %r", name, value)
+    return None if value is None else str(value)
+
+
+def _override(value):
+    """A read driver_override: None when unset (empty, or the kernel's "(null)")."""
+    if value is None:
+        return None
+    value = str(value).strip()
+    return None if value in ("", NULL_OVERRIDE) else value
+
+
+def _label(driver):
+    return driver if driver else "no driver"
+
+
+def _gpus(value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(g, Mapping) for g in value):
+        _fail("expects the GPUs (gpuops_gpus of gpu_facts, a list of dicts), got %r", value)
+    for gpu in value:
+        if "address" not in gpu or "driver" not in gpu:
+            _fail("a GPU without address or driver (not gpuops_gpus of gpu_facts): %r", gpu)
+    return value
+
+
+def _expected(value):
+    expected = _mapping("expected", {} if value is None else value)
+    result = {}
+    for key, kind in (("vfio", list), ("mdev_uuids", list), ("sriov", dict), ("restored", dict)):
+        item = expected.get(key)
+        if item is None:
+            item = kind()
+        if kind is list and not isinstance(item, (list, tuple)):
+            _fail("expected.%s must be a list, got %r", key, item)
+        if kind is dict and not isinstance(item, Mapping):
+            _fail("expected.%s must be a dict, got %r", key, item)
+        result[key] = _plain(item)
+    restored = {}
+    for address, driver in result["restored"].items():
+        restored[_address("expected.restored", address)] = _driver_name("expected.restored[%s]" % address, driver)
+    result["restored"] = restored
+    return result
+
+
+def _decode(result):
+    try:
+        return base64.b64decode(result.get("content") or "").decode("utf-8", "replace")
+    except (binascii.Error, ValueError, TypeError):
+        _fail("reads: the content of %r is not base64 (not a result of ansible.builtin.slurp)", result.get("item"))
+    return ""  # not reached
+
+
+def _read_functions(reads):
+    """{address: {"address", "driver", "driver_override"}} from the slurp results; a failed uevent read: absent."""
+    if not isinstance(reads, (list, tuple)) or not all(isinstance(r, Mapping) for r in reads):
+        _fail("reads must be the results (a list of dicts) of ansible.builtin.slurp, got %r", reads)
+    found = {}
+    for result in reads:
+        if result.get("skipped"):
+            continue
+        item = result.get("item")
+        if not isinstance(item, (list, tuple)) or len(item) != 2 or item[1] not in READ_ATTRIBUTES:
+            _fail("reads: each result needs item [address, attribute] with attribute uevent or driver_override, got %r",
+                  item)
+        address = _address("reads", item[0])
+        entry = found.setdefault(address, {"address": address, "driver": None, "driver_override": None, "seen": False})
+        if result.get("failed") or "content" not in result:
+            continue
+        text = _decode(result)
+        if item[1] == "uevent":
+            entry["seen"] = True
+            for line in text.splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip() == "DRIVER":
+                    entry["driver"] = value.strip() or None
+        else:
+            entry["driver_override"] = _override(text)
+    return dict((a, e) for a, e in found.items() if e.pop("seen"))
+
+
+def _functions(gpus, reads):
+    """Every function the checks see - the GPUs, the members of their IOMMU groups, the read ones - by address."""
+    seen = {}
+    for gpu in gpus:
+        seen[str(gpu["address"])] = {"address": str(gpu["address"]), "driver": gpu.get("driver"),
+                                     "driver_override": _override(gpu.get("driver_override"))}
+    for gpu in gpus:
+        for member in gpu.get("iommu_group_members") or []:
+            if isinstance(member, Mapping) and member.get("address") and str(member["address"]) not in seen:
+                seen[str(member["address"])] = {"address": str(member["address"]), "driver": member.get("driver"),
+                                                "driver_override": _override(member.get("driver_override"))}
+    for address, entry in _read_functions(reads).items():
+        seen.setdefault(address, entry)
+    return seen
+
+
+def _check(name, ok, detail):
+    return {"check": name, "ok": bool(ok), "detail": detail}
+
+
+def _unique(values):
+    result = []
+    for value in values:
+        if value not in result:
+            result.append(value)
+    return result
+
+
+def _boot_checks(iommu, vm, cpu_vendor, iommu_pt, workload_type):
+    flags = _mapping("iommu.cmdline_flags", iommu.get("cmdline_flags") or {})
+    cmdline = iommu.get("cmdline")
+    arg = cpu_vendor + "_iommu"
+    checks = []
+    if vm:
+        # Intel turns VT-d on with intel_iommu=on; AMD-Vi is on with the firmware's IVRS table, and the kernel has
+        # no amd_iommu=on (host_prepare never writes it), so an AMD host is only asked for iommu=pt.
+        wanted = (["intel_iommu=on"] if cpu_vendor == "intel" else []) + (["iommu=pt"] if iommu_pt else [])
+        ok = (cpu_vendor != "intel" or flags.get("intel_iommu", "") == "on") and (not iommu_pt or flags.get("iommu", "") == "pt")
+        if wanted:
+            detail = "/proc/cmdline should have %s: %s" % (" ".join(wanted), cmdline)
+        else:
+            detail = "/proc/cmdline needs no IOMMU argument (AMD-Vi is on with the firmware's IVRS table): %s" % cmdline
+        checks.append(_check("kernel command line", ok, detail))
+        checks.append(_check("IOMMU groups", iommu.get("enabled"), "%s IOMMU groups" % iommu.get("group_count")))
+    if workload_type == "container":
+        checks.append(_check("no IOMMU arguments of a VM node",
+                             flags.get(arg, "") != "on" and flags.get("iommu", "") != "pt",
+                             "/proc/cmdline should not have %s=on or iommu=pt: %s" % (arg, cmdline)))
+    return checks
+
+
+def _stranded(function):
+    address, driver, override = function["address"], function["driver"], function["driver_override"]
+    text = "%s has driver_override=%s" % (address, override)
+    if driver is None:
+        return text + " and no driver: it will not come back to its host driver until the override is cleared"
+    if is_vfio_driver(driver):
+        return text + " and is on %s: it will not go back to its host driver until the override is cleared" % driver
+    return text + " while on %s: it will go to %s at its next probe until the override is cleared" % (driver, override)
+
+
+def _restored_checks(restored, seen):
+    checks = []
+    for address in sorted(restored):
+        wanted = restored[address]
+        name = "%s back on %s" % (address, _label(wanted))
+        function = seen.get(address)
+        if function is None:
+            checks.append(_check(name, False, "%s is missing: no such PCI function on this host (%s expected)"
+                                 % (address, _label(wanted))))
+            continue
+        driver, override = function["driver"], function["driver_override"]
+        found = "%s is on %s, %s" % (address, _label(driver),
+                                     "driver_override=%s" % override if override else "no driver_override")
+        ok = driver == wanted and override is None
+        checks.append(_check(name, ok, found if ok else "%s; %s wanted, with no driver_override" % (found, _label(wanted))))
+    return checks
+
+
+def _leftover_checks(gpus, managed, seen, expected, workload_type):
+    checks = []
+    drivers = dict((str(g["address"]), g["driver"]) for g in gpus)
+    if workload_type != "vm-passthrough":
+        vfio_files = list(managed.get("vfio_rules") or []) + list(managed.get("vfio_modules") or [])
+        checks.append(_check("no vfio-pci binding left",
+                             not any(is_vfio_driver(d) for d in drivers.values()) and not vfio_files,
+                             "GPU drivers %s; vfio files %s" % (drivers, vfio_files)))
+        stranded = [_stranded(f) for f in seen.values() if is_vfio_driver(f["driver_override"])]
+        checks.append(_check("no vfio driver_override left", not stranded, "; ".join(stranded) or
+                             "no GPU or function of a GPU's IOMMU group has a vfio driver_override"))
+        checks.extend(_restored_checks(expected["restored"], seen))
+    if workload_type != "vm-vgpu":
+        mdev_definitions = list(managed.get("mdev_definitions") or [])
+        sriov_definitions = list(managed.get("sriov_definitions") or [])
+        checks.append(_check("no vGPU devices or VF records left", not mdev_definitions and not sriov_definitions,
+                             "mdev definitions %s, SR-IOV records %s" % (mdev_definitions, sriov_definitions)))
+    return checks
+
+
+def _count(name, value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        _fail("%s must be a VF count, got %r", name, value)
+    return 0  # not reached
+
+
+def _vgpu_checks(host, expected, stage):
+    live = [str(m.get("uuid")) for m in host.get("mdev_devices") or [] if isinstance(m, Mapping)]
+    missing = [u for u in _unique(expected["mdev_uuids"]) if u not in live]
+    checks = [_check("vGPU devices", not missing and (stage == "after-reboot" or live),
+                     "missing %s of %d expected; %d live" % (missing, len(expected["mdev_uuids"]), len(live)))]
+    sriov = _mapping("host.sriov", host.get("sriov") or {})
+    for pf, count in expected["sriov"].items():
+        wanted = _count("expected.sriov[%s]" % pf, count)
+        numvfs = (sriov.get(pf) or {}).get("numvfs", 0)
+        checks.append(_check("SR-IOV VFs of %s" % pf, numvfs == wanted, "%s has %s VFs, %s wanted" % (pf, numvfs, count)))
+    return checks
+
+
+def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="final", reboot_pending=False,
+                iommu_pt=True, vfio_binding="host", vgpu_devices="host", expected=None, reads=None):
+    gpus = _plain(_gpus(gpus))
+    iommu = _plain(_mapping("iommu (gpuops_iommu of gpu_facts)", iommu))
+    host = _plain(_mapping("host (gpuops_host of gpu_facts)", host))
+    workload_type = _choice("workload_type", workload_type, WORKLOAD_TYPES)
+    cpu_vendor = _choice("cpu_vendor", cpu_vendor, CPU_VENDORS)
+    stage = _choice("stage", stage, STAGES)
+    pending = _flag("reboot_pending", reboot_pending)
+    iommu_pt = _flag("iommu_pt", iommu_pt)
+    vfio_binding = _choice("vfio_binding", vfio_binding, MODES)
+    vgpu_devices = _choice("vgpu_devices", vgpu_devices, MODES)
+    expected = _expected(expected)
+    managed = _mapping("host.managed_files", host.get("managed_files") or {})
+    seen = _functions(gpus, _plain(reads or []))
+    drivers = dict((str(g["address"]), g["driver"]) for g in gpus)
+
+    checks = []
+    if not pending:
+        checks.extend(_boot_checks(iommu, workload_type in IOMMU_WORKLOAD_TYPES, cpu_vendor, iommu_pt, workload_type))
+    checks.extend(_leftover_checks(gpus, managed, seen, expected, workload_type))
+    if workload_type == "vm-passthrough" and vfio_binding == "host" and not pending and stage == "final":
+        checks.append(_check("GPUs on vfio-pci",
+                             gpus and all(is_vfio_driver(g["driver"]) for g in gpus) and all(g.get("viable") for g in gpus),
+                             "GPU drivers %s; groups viable: %s" % (drivers, [g.get("viable") for g in gpus])))
+        modules, rules = list(managed.get("vfio_modules") or []), list(managed.get("vfio_rules") or [])
+        checks.append(_check("vfio boot settings", modules and len(rules) >= len(gpus), "vfio files %s" % (modules + rules)))
+    if workload_type == "vm-vgpu" and vgpu_devices == "host":
+        checks.extend(_vgpu_checks(host, expected, stage))
+    if stage == "after-reboot":
+        for address in expected["vfio"]:
+            if address in drivers:
+                checks.append(_check("%s back on vfio-pci after the reboot" % address, is_vfio_driver(drivers[address]),
+                                     "%s is on %s" % (address, _label(drivers[address]))))
+    return checks
+
+
+class FilterModule:
+    """gpuops.sandbox.host_checks"""
+
+    def filters(self):
+        return {"host_checks": host_checks}

@@ -1,0 +1,573 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""host_checks: the checks of host_verify, each passing and failing, and the role that runs them, for real."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import sys
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpuops.sandbox.plugins.filter.host_checks import FilterModule, host_checks
+from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
+from ansible_collections.gpuops.sandbox.tests.unit.playbook import ansible_playbook
+from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+
+GPU = "0000:65:00.0"
+AUDIO = "0000:65:00.1"
+GPU_B = "0000:b1:00.0"
+VM_CMDLINE = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro intel_iommu=on iommu=pt"
+PLAIN_CMDLINE = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro"
+RULES = ["/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules", "/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.1.rules"]
+MODULES = ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"]
+UUID_A = "5f2a2b8e-3c2b-5a8f-9b55-3b8e0c1d2e3f"
+UUID_B = "0b5c3d1e-1111-4222-8333-944455556666"
+
+
+def member(address, driver, override=None, pci=True):
+    return {"address": address, "driver": driver, "driver_override": override, "pci": pci, "is_bridge": False}
+
+
+def gpu(address=GPU, driver="nvidia", override=None, viable=None, members=None):
+    """A gpuops_gpus entry; by default in a group with its audio function (both on the host drivers)."""
+    if members is None:
+        members = [member(address, driver, override), member(AUDIO, "snd_hda_intel")]
+    if viable is None:
+        viable = all(m["driver"] in (None, "vfio-pci") for m in members)
+    return {"address": address, "driver": driver, "driver_override": override, "viable": viable,
+            "iommu_group_members": members}
+
+
+def iommu(cmdline=VM_CMDLINE, enabled=True, groups=42):
+    flags = {}
+    for word in cmdline.split():
+        key, sep, value = word.partition("=")
+        if sep and key in ("intel_iommu", "amd_iommu", "iommu"):
+            flags[key] = value
+    return {"enabled": enabled, "group_count": groups, "cmdline": cmdline, "cmdline_flags": flags}
+
+
+def host(vfio_rules=(), vfio_modules=(), mdev_definitions=(), sriov_definitions=(), mdevs=(), sriov=None):
+    return {"managed_files": {"kernel_cmdline": [], "nouveau": [], "vfio_rules": list(vfio_rules),
+                              "vfio_modules": list(vfio_modules), "mdev_definitions": list(mdev_definitions),
+                              "sriov_definitions": list(sriov_definitions)},
+            "mdev_devices": [{"uuid": u, "parent": GPU_B, "type_id": "nvidia-692"} for u in mdevs],
+            "sriov": sriov or {}}
+
+
+# Each workload type's host as the preparation leaves it, and its settings.
+PASSTHROUGH = dict(gpus=[gpu(driver="vfio-pci", members=[member(GPU, "vfio-pci"), member(AUDIO, "vfio-pci")])],
+                   iommu=iommu(), host=host(vfio_rules=RULES, vfio_modules=MODULES), workload_type="vm-passthrough",
+                   expected={"vfio": [GPU, AUDIO], "mdev_uuids": [], "sriov": {}, "restored": {}})
+CONTAINER = dict(gpus=[gpu()], iommu=iommu(PLAIN_CMDLINE, enabled=False, groups=0), host=host(), workload_type="container",
+                 expected={"vfio": [], "mdev_uuids": [], "sriov": {}, "restored": {GPU: "nvidia", AUDIO: "snd_hda_intel"}})
+VGPU = dict(gpus=[gpu(GPU_B, members=[member(GPU_B, "nvidia")])], iommu=iommu(),
+            host=host(mdev_definitions=["/etc/gpuops/mdev-devices.conf"], sriov_definitions=["/etc/gpuops/sriov-vfs.conf"],
+                      mdevs=[UUID_A, UUID_B], sriov={GPU_B: {"numvfs": 2, "totalvfs": 20}}),
+            workload_type="vm-vgpu", expected={"vfio": [], "mdev_uuids": [UUID_A, UUID_B], "sriov": {GPU_B: 2}, "restored": {}})
+DRA = dict(gpus=[gpu()], iommu=iommu(), host=host(), workload_type="dra",
+           expected={"vfio": [], "mdev_uuids": [], "sriov": {}, "restored": {}})
+HOSTS = {"vm-passthrough": PASSTHROUGH, "container": CONTAINER, "vm-vgpu": VGPU, "dra": DRA}
+
+
+def run(base, **changes):
+    """The checks of ``base`` (one of HOSTS) with ``changes`` to its facts and settings, by name."""
+    args = copy.deepcopy(base)
+    args.update(changes)
+    checks = host_checks(args.pop("gpus"), args.pop("iommu"), args.pop("host"), **args)
+    names = [c["check"] for c in checks]
+    assert len(names) == len(set(names)), names
+    assert all(sorted(c) == ["check", "detail", "ok"] and isinstance(c["ok"], bool) for c in checks)
+    return dict((c["check"], c) for c in checks)
+
+
+def failed(checks):
+    return sorted(name for name, check in checks.items() if not check["ok"])
+
+
+@pytest.mark.parametrize("workload_type", sorted(HOSTS))
+@pytest.mark.parametrize("stage", ["after-reboot", "final"])
+def test_a_prepared_host_passes_every_check(workload_type, stage):
+    checks = run(HOSTS[workload_type], stage=stage)
+    assert failed(checks) == []
+
+
+def test_the_checks_of_each_type():
+    assert list(run(PASSTHROUGH)) == ["kernel command line", "IOMMU groups", "no vGPU devices or VF records left",
+                                      "GPUs on vfio-pci", "vfio boot settings"]
+    assert list(run(CONTAINER)) == ["no IOMMU arguments of a VM node", "no vfio-pci binding left", "no vfio driver_override left",
+                                    "0000:65:00.0 back on nvidia", "0000:65:00.1 back on snd_hda_intel",
+                                    "no vGPU devices or VF records left"]
+    assert list(run(VGPU)) == ["kernel command line", "IOMMU groups", "no vfio-pci binding left", "no vfio driver_override left",
+                               "vGPU devices", "SR-IOV VFs of 0000:b1:00.0"]
+    assert list(run(DRA)) == ["kernel command line", "IOMMU groups", "no vfio-pci binding left", "no vfio driver_override left",
+                              "no vGPU devices or VF records left"]
+    assert list(run(PASSTHROUGH, stage="after-reboot")) == [
+        "kernel command line", "IOMMU groups", "no vGPU devices or VF records left", "0000:65:00.0 back on vfio-pci after the reboot"]
+
+
+def test_the_filter_is_registered():
+    assert FilterModule().filters() == {"host_checks": host_checks}
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel command line and IOMMU
+# ---------------------------------------------------------------------------------------------
+
+def test_kernel_command_line():
+    check = run(PASSTHROUGH)["kernel command line"]
+    assert check == {"check": "kernel command line", "ok": True, "detail": "/proc/cmdline should have intel_iommu=on iommu=pt: " + VM_CMDLINE}
+    check = run(PASSTHROUGH, iommu=iommu("BOOT_IMAGE=/vmlinuz intel_iommu=on"))["kernel command line"]
+    assert check == {"check": "kernel command line", "ok": False,
+                     "detail": "/proc/cmdline should have intel_iommu=on iommu=pt: BOOT_IMAGE=/vmlinuz intel_iommu=on"}
+    assert run(PASSTHROUGH, iommu=iommu("BOOT_IMAGE=/vmlinuz iommu=pt"))["kernel command line"]["ok"] is False
+    # Without iommu_pt, intel_iommu=on alone.
+    check = run(VGPU, iommu=iommu("BOOT_IMAGE=/vmlinuz intel_iommu=on"), iommu_pt=False)["kernel command line"]
+    assert check == {"check": "kernel command line", "ok": True,
+                     "detail": "/proc/cmdline should have intel_iommu=on: BOOT_IMAGE=/vmlinuz intel_iommu=on"}
+
+
+def test_kernel_command_line_of_an_amd_host_wants_no_amd_iommu_on():
+    """The kernel has no amd_iommu=on (AMD-Vi is on with the firmware's IVRS table): host_prepare writes iommu=pt alone."""
+    check = run(DRA, iommu=iommu("BOOT_IMAGE=/vmlinuz iommu=pt"), cpu_vendor="amd")["kernel command line"]
+    assert check == {"check": "kernel command line", "ok": True, "detail": "/proc/cmdline should have iommu=pt: BOOT_IMAGE=/vmlinuz iommu=pt"}
+    assert run(DRA, iommu=iommu("BOOT_IMAGE=/vmlinuz"), cpu_vendor="amd")["kernel command line"]["ok"] is False
+    check = run(DRA, iommu=iommu("BOOT_IMAGE=/vmlinuz"), cpu_vendor="amd", iommu_pt=False)["kernel command line"]
+    assert check["ok"] is True and check["detail"].startswith("/proc/cmdline needs no IOMMU argument")
+
+
+def test_iommu_groups():
+    assert run(VGPU)["IOMMU groups"] == {"check": "IOMMU groups", "ok": True, "detail": "42 IOMMU groups"}
+    assert run(VGPU, iommu=iommu(enabled=False, groups=0))["IOMMU groups"] == {
+        "check": "IOMMU groups", "ok": False, "detail": "0 IOMMU groups"}
+
+
+def test_boot_settings_are_not_checked_with_a_reboot_pending():
+    broken = iommu(PLAIN_CMDLINE, enabled=False, groups=0)
+    assert failed(run(VGPU, iommu=broken)) == ["IOMMU groups", "kernel command line"]
+    checks = run(VGPU, iommu=broken, reboot_pending=True)
+    assert "kernel command line" not in checks and "IOMMU groups" not in checks
+    checks = run(CONTAINER, iommu=iommu(VM_CMDLINE), reboot_pending="yes")
+    assert "no IOMMU arguments of a VM node" not in checks
+
+
+@pytest.mark.parametrize("cmdline, ok", [
+    (PLAIN_CMDLINE, True), (PLAIN_CMDLINE + " intel_iommu=on", False), (PLAIN_CMDLINE + " iommu=pt", False),
+    (PLAIN_CMDLINE + " intel_iommu=off", True),
+])
+def test_no_iommu_arguments_of_a_vm_node(cmdline, ok):
+    check = run(CONTAINER, iommu=iommu(cmdline))["no IOMMU arguments of a VM node"]
+    assert check == {"check": "no IOMMU arguments of a VM node", "ok": ok,
+                     "detail": "/proc/cmdline should not have intel_iommu=on or iommu=pt: " + cmdline}
+    assert "no IOMMU arguments of a VM node" not in run(DRA, iommu=iommu(cmdline))
+
+
+# ---------------------------------------------------------------------------------------------
+# Nothing of another workload type left
+# ---------------------------------------------------------------------------------------------
+
+def test_no_vfio_pci_binding_left():
+    assert run(CONTAINER)["no vfio-pci binding left"] == {
+        "check": "no vfio-pci binding left", "ok": True, "detail": "GPU drivers {'0000:65:00.0': 'nvidia'}; vfio files []"}
+    check = run(CONTAINER, gpus=[gpu(driver="vfio-pci")])["no vfio-pci binding left"]
+    assert check == {"check": "no vfio-pci binding left", "ok": False,
+                     "detail": "GPU drivers {'0000:65:00.0': 'vfio-pci'}; vfio files []"}
+    check = run(VGPU, host=dict(VGPU["host"], managed_files=dict(VGPU["host"]["managed_files"], vfio_rules=RULES[:1],
+                                                                 vfio_modules=MODULES[:1])))["no vfio-pci binding left"]
+    assert check == {"check": "no vfio-pci binding left", "ok": False,
+                     "detail": "GPU drivers {'0000:b1:00.0': 'nvidia'}; vfio files ['%s', '%s']" % (RULES[0], MODULES[0])}
+    # A vfio-pci variant driver is a vfio binding too.
+    assert run(DRA, gpus=[gpu(driver="nvgrace_gpu_vfio_pci")])["no vfio-pci binding left"]["ok"] is False
+    assert "no vfio-pci binding left" not in run(PASSTHROUGH)
+
+
+def test_no_vgpu_devices_or_vf_records_left():
+    assert run(CONTAINER)["no vGPU devices or VF records left"] == {
+        "check": "no vGPU devices or VF records left", "ok": True, "detail": "mdev definitions [], SR-IOV records []"}
+    check = run(CONTAINER, host=host(mdev_definitions=["/etc/gpuops/mdev-devices.conf"]))["no vGPU devices or VF records left"]
+    assert check == {"check": "no vGPU devices or VF records left", "ok": False,
+                     "detail": "mdev definitions ['/etc/gpuops/mdev-devices.conf'], SR-IOV records []"}
+    check = run(PASSTHROUGH, host=dict(PASSTHROUGH["host"], managed_files=dict(
+        PASSTHROUGH["host"]["managed_files"], sriov_definitions=["/etc/gpuops/sriov-vfs.conf"])))
+    assert check["no vGPU devices or VF records left"]["ok"] is False
+    assert "no vGPU devices or VF records left" not in run(VGPU)
+
+
+# ---------------------------------------------------------------------------------------------
+# vm-passthrough
+# ---------------------------------------------------------------------------------------------
+
+def test_gpus_on_vfio_pci():
+    assert run(PASSTHROUGH)["GPUs on vfio-pci"] == {
+        "check": "GPUs on vfio-pci", "ok": True, "detail": "GPU drivers {'0000:65:00.0': 'vfio-pci'}; groups viable: [True]"}
+    check = run(PASSTHROUGH, gpus=[gpu(driver="nvidia", members=[member(GPU, "nvidia"), member(AUDIO, "vfio-pci")])])
+    assert check["GPUs on vfio-pci"] == {"check": "GPUs on vfio-pci", "ok": False,
+                                         "detail": "GPU drivers {'0000:65:00.0': 'nvidia'}; groups viable: [False]"}
+    # On vfio-pci but the audio function still on its host driver: the group is not viable.
+    unviable = [gpu(driver="vfio-pci", members=[member(GPU, "vfio-pci"), member(AUDIO, "snd_hda_intel")])]
+    assert run(PASSTHROUGH, gpus=unviable)["GPUs on vfio-pci"]["ok"] is False
+    # No GPU at all is not ready either.
+    assert run(PASSTHROUGH, gpus=[])["GPUs on vfio-pci"] == {"check": "GPUs on vfio-pci", "ok": False,
+                                                             "detail": "GPU drivers {}; groups viable: []"}
+    # vfio_bind's driver=auto may pick a vfio-pci variant driver.
+    variant = [gpu(driver="nvgrace_gpu_vfio_pci", viable=True)]
+    assert run(PASSTHROUGH, gpus=variant)["GPUs on vfio-pci"]["ok"] is True
+
+
+def test_gpus_on_vfio_pci_only_when_the_host_binds_them_at_the_final_stage():
+    assert "GPUs on vfio-pci" not in run(PASSTHROUGH, vfio_binding="operator")
+    assert "vfio boot settings" not in run(PASSTHROUGH, vfio_binding="operator")
+    assert "GPUs on vfio-pci" not in run(PASSTHROUGH, stage="after-reboot")
+    assert "GPUs on vfio-pci" not in run(PASSTHROUGH, reboot_pending=True)
+
+
+def test_vfio_boot_settings():
+    assert run(PASSTHROUGH)["vfio boot settings"] == {
+        "check": "vfio boot settings", "ok": True, "detail": "vfio files %s" % (MODULES + RULES)}
+    check = run(PASSTHROUGH, host=host(vfio_rules=RULES))["vfio boot settings"]
+    assert check == {"check": "vfio boot settings", "ok": False, "detail": "vfio files %s" % RULES}
+    # One rule for each GPU at least.
+    two = [gpu(driver="vfio-pci"), gpu(GPU_B, driver="vfio-pci", members=[member(GPU_B, "vfio-pci")])]
+    assert run(PASSTHROUGH, gpus=two, host=host(vfio_rules=RULES[:1], vfio_modules=MODULES))["vfio boot settings"]["ok"] is False
+    assert run(PASSTHROUGH, gpus=two)["vfio boot settings"]["ok"] is True
+
+
+def test_back_on_vfio_pci_after_the_reboot():
+    name = "0000:65:00.0 back on vfio-pci after the reboot"
+    checks = run(PASSTHROUGH, stage="after-reboot")
+    assert checks[name] == {"check": name, "ok": True, "detail": "0000:65:00.0 is on vfio-pci"}
+    # The audio function is in expected.vfio but is no GPU: the GPU's group viability covers it.
+    assert "0000:65:00.1 back on vfio-pci after the reboot" not in checks
+    checks = run(PASSTHROUGH, stage="after-reboot", gpus=[gpu(driver=None)])
+    assert checks[name] == {"check": name, "ok": False, "detail": "0000:65:00.0 is on no driver"}
+    checks = run(PASSTHROUGH, stage="after-reboot", gpus=[gpu(driver="nouveau")])
+    assert checks[name] == {"check": name, "ok": False, "detail": "0000:65:00.0 is on nouveau"}
+    assert name not in run(PASSTHROUGH)
+
+
+# ---------------------------------------------------------------------------------------------
+# vm-vgpu
+# ---------------------------------------------------------------------------------------------
+
+def test_vgpu_devices():
+    assert run(VGPU)["vGPU devices"] == {"check": "vGPU devices", "ok": True, "detail": "missing [] of 2 expected; 2 live"}
+    check = run(VGPU, host=dict(VGPU["host"], mdev_devices=[{"uuid": UUID_A}]))["vGPU devices"]
+    assert check == {"check": "vGPU devices", "ok": False, "detail": "missing ['%s'] of 2 expected; 1 live" % UUID_B}
+    # None expected and none live: the final readiness wants at least one; after the reboot it is enough that none is missing.
+    empty = dict(VGPU["expected"], mdev_uuids=[])
+    none_live = dict(VGPU["host"], mdev_devices=[])
+    assert run(VGPU, expected=empty, host=none_live)["vGPU devices"] == {
+        "check": "vGPU devices", "ok": False, "detail": "missing [] of 0 expected; 0 live"}
+    assert run(VGPU, expected=empty, host=none_live, stage="after-reboot")["vGPU devices"]["ok"] is True
+    assert "vGPU devices" not in run(VGPU, vgpu_devices="operator")
+
+
+def test_missing_vgpu_devices_are_listed_in_the_order_expected():
+    uuids = ["u%d" % n for n in range(9, 0, -1)]
+    check = run(VGPU, expected=dict(VGPU["expected"], mdev_uuids=uuids))["vGPU devices"]
+    assert check["detail"] == "missing %s of 9 expected; 2 live" % uuids
+
+
+def test_sriov_vfs():
+    name = "SR-IOV VFs of 0000:b1:00.0"
+    assert run(VGPU)[name] == {"check": name, "ok": True, "detail": "0000:b1:00.0 has 2 VFs, 2 wanted"}
+    assert run(VGPU, expected=dict(VGPU["expected"], sriov={GPU_B: "2"}))[name]["ok"] is True
+    assert run(VGPU, expected=dict(VGPU["expected"], sriov={GPU_B: 4}))[name] == {
+        "check": name, "ok": False, "detail": "0000:b1:00.0 has 2 VFs, 4 wanted"}
+    assert run(VGPU, host=dict(VGPU["host"], sriov={}))[name] == {
+        "check": name, "ok": False, "detail": "0000:b1:00.0 has 0 VFs, 2 wanted"}
+    assert name not in run(VGPU, vgpu_devices="operator")
+
+
+# ---------------------------------------------------------------------------------------------
+# Functions given back from vfio-pci (issue 17)
+# ---------------------------------------------------------------------------------------------
+
+STRANDED = "0000:65:00.1 has driver_override=vfio-pci and no driver: it will not come back to its host driver until the override is cleared"
+
+
+def test_a_stranded_function_fails():
+    """After a switch away from vm-passthrough: the GPU back on nvidia, its audio function with driver_override=vfio-pci
+    and no driver. No GPU is on vfio-pci, yet the host is not ready."""
+    gpus = [gpu(members=[member(GPU, "nvidia"), member(AUDIO, None, "vfio-pci")])]
+    checks = run(CONTAINER, gpus=gpus, iommu=iommu(PLAIN_CMDLINE), expected={"restored": {GPU: "nvidia"}})
+    assert checks["no vfio-pci binding left"]["ok"] is True
+    assert checks["no vfio driver_override left"] == {"check": "no vfio driver_override left", "ok": False, "detail": STRANDED}
+    assert failed(checks) == ["no vfio driver_override left"]
+
+
+@pytest.mark.parametrize("workload_type", ["container", "vm-vgpu", "dra"])
+def test_a_stranded_gpu_and_sibling_fail_on_every_type_but_vm_passthrough(workload_type):
+    gpus = [gpu(driver=None, override="vfio-pci", members=[member(GPU, None, "vfio-pci"), member(AUDIO, None, "vfio-pci")])]
+    check = run(HOSTS[workload_type], gpus=gpus)["no vfio driver_override left"]
+    assert check["ok"] is False
+    assert check["detail"] == STRANDED.replace(AUDIO, GPU) + "; " + STRANDED
+    assert "no vfio driver_override left" not in run(PASSTHROUGH, gpus=gpus)
+
+
+def test_a_vfio_override_on_a_bound_function_fails_too():
+    gpus = [gpu(members=[member(GPU, "nvidia"), member(AUDIO, "snd_hda_intel", "vfio-pci"),
+                         member("0000:65:00.2", "vfio-pci", "mlx5_vfio_pci")])]
+    check = run(DRA, gpus=gpus)["no vfio driver_override left"]
+    assert check == {"check": "no vfio driver_override left", "ok": False, "detail":
+                     "0000:65:00.1 has driver_override=vfio-pci while on snd_hda_intel: it will go to vfio-pci at its next probe "
+                     "until the override is cleared; 0000:65:00.2 has driver_override=mlx5_vfio_pci and is on vfio-pci: it will "
+                     "not go back to its host driver until the override is cleared"}
+
+
+@pytest.mark.parametrize("override", [None, "", "(null)", "nvidia"])
+def test_no_vfio_override(override):
+    gpus = [gpu(members=[member(GPU, "nvidia", override), member(AUDIO, "snd_hda_intel")])]
+    check = run(DRA, gpus=gpus)["no vfio driver_override left"]
+    assert check == {"check": "no vfio driver_override left", "ok": True,
+                     "detail": "no GPU or function of a GPU's IOMMU group has a vfio driver_override"}
+
+
+def test_restored_functions_back_on_their_drivers():
+    checks = run(CONTAINER)
+    assert checks["0000:65:00.0 back on nvidia"] == {"check": "0000:65:00.0 back on nvidia", "ok": True,
+                                                     "detail": "0000:65:00.0 is on nvidia, no driver_override"}
+    assert checks["0000:65:00.1 back on snd_hda_intel"] == {
+        "check": "0000:65:00.1 back on snd_hda_intel", "ok": True, "detail": "0000:65:00.1 is on snd_hda_intel, no driver_override"}
+
+
+def test_a_restored_sibling_on_no_driver_fails():
+    gpus = [gpu(members=[member(GPU, "nvidia"), member(AUDIO, None, "vfio-pci")])]
+    checks = run(CONTAINER, gpus=gpus)
+    assert checks["0000:65:00.1 back on snd_hda_intel"] == {
+        "check": "0000:65:00.1 back on snd_hda_intel", "ok": False,
+        "detail": "0000:65:00.1 is on no driver, driver_override=vfio-pci; snd_hda_intel wanted, with no driver_override"}
+    assert failed(checks) == ["0000:65:00.1 back on snd_hda_intel", "no vfio driver_override left"]
+    # Without an override it still has no driver.
+    gpus = [gpu(members=[member(GPU, "nvidia"), member(AUDIO, None)])]
+    check = run(CONTAINER, gpus=gpus)["0000:65:00.1 back on snd_hda_intel"]
+    assert check["ok"] is False
+    assert check["detail"] == "0000:65:00.1 is on no driver, no driver_override; snd_hda_intel wanted, with no driver_override"
+
+
+def test_a_restored_function_on_the_wrong_driver_fails():
+    gpus = [gpu(driver="nouveau", members=[member(GPU, "nouveau"), member(AUDIO, "snd_hda_intel")])]
+    check = run(CONTAINER, gpus=gpus)["0000:65:00.0 back on nvidia"]
+    assert check == {"check": "0000:65:00.0 back on nvidia", "ok": False,
+                     "detail": "0000:65:00.0 is on nouveau, no driver_override; nvidia wanted, with no driver_override"}
+    # Still on vfio-pci: the binding check fails as well.
+    gpus = [gpu(driver="vfio-pci", members=[member(GPU, "vfio-pci"), member(AUDIO, "snd_hda_intel")])]
+    checks = run(VGPU, gpus=gpus, expected=dict(VGPU["expected"], restored={GPU: "nvidia"}))
+    assert failed(checks) == ["0000:65:00.0 back on nvidia", "no vfio-pci binding left"]
+
+
+def test_a_restored_function_on_its_driver_but_with_an_override_fails():
+    gpus = [gpu(members=[member(GPU, "nvidia"), member(AUDIO, "snd_hda_intel", "snd_hda_intel")])]
+    check = run(CONTAINER, gpus=gpus)["0000:65:00.1 back on snd_hda_intel"]
+    assert check["ok"] is False
+    assert check["detail"] == ("0000:65:00.1 is on snd_hda_intel, driver_override=snd_hda_intel; snd_hda_intel wanted, "
+                               "with no driver_override")
+
+
+def test_a_function_restored_to_no_driver():
+    restored = {"restored": {GPU: "nvidia", AUDIO: None}}
+    gpus = [gpu(members=[member(GPU, "nvidia"), member(AUDIO, None)])]
+    assert run(CONTAINER, gpus=gpus, expected=restored)["0000:65:00.1 back on no driver"] == {
+        "check": "0000:65:00.1 back on no driver", "ok": True, "detail": "0000:65:00.1 is on no driver, no driver_override"}
+    check = run(CONTAINER, expected=restored)["0000:65:00.1 back on no driver"]
+    assert check["ok"] is False and check["detail"].endswith("; no driver wanted, with no driver_override")
+
+
+def test_a_missing_restored_function_fails():
+    """Neither a GPU nor in a GPU's IOMMU group (no groups with the IOMMU off), and nothing read about it."""
+    gpus = [gpu(members=[])]
+    checks = run(CONTAINER, gpus=gpus)
+    assert checks["0000:65:00.1 back on snd_hda_intel"] == {
+        "check": "0000:65:00.1 back on snd_hda_intel", "ok": False,
+        "detail": "0000:65:00.1 is missing: no such PCI function on this host (snd_hda_intel expected)"}
+    assert checks["0000:65:00.0 back on nvidia"]["ok"] is True
+
+
+@pytest.mark.parametrize("stage", ["after-reboot", "final"])
+@pytest.mark.parametrize("pending", [False, True])
+def test_restored_functions_are_checked_at_every_stage(stage, pending):
+    gpus = [gpu(members=[member(GPU, "nvidia"), member(AUDIO, None, "vfio-pci")])]
+    checks = run(CONTAINER, gpus=gpus, stage=stage, reboot_pending=pending)
+    assert checks["0000:65:00.1 back on snd_hda_intel"]["ok"] is False
+    assert checks["no vfio driver_override left"]["ok"] is False
+
+
+def test_restored_functions_are_not_checked_on_vm_passthrough():
+    checks = run(PASSTHROUGH, expected=dict(PASSTHROUGH["expected"], restored={GPU: "nvidia"}))
+    assert "0000:65:00.0 back on nvidia" not in checks and failed(checks) == []
+
+
+def test_all_good_after_a_switch_to_container():
+    """Both functions back on their host drivers, no override, no vfio file: every check passes."""
+    checks = run(CONTAINER, stage="after-reboot")
+    assert failed(checks) == []
+    assert checks["no vfio driver_override left"]["ok"] is True
+
+
+def slurped(address, uevent=None, override=None):
+    """The results of ansible.builtin.slurp of a function's uevent and driver_override (None: the read failed)."""
+    results = []
+    for attribute, text in (("uevent", uevent), ("driver_override", override)):
+        if text is None:
+            results.append({"item": [address, attribute], "failed": True, "msg": "file not found: /sys/bus/pci/devices/x"})
+        else:
+            results.append({"item": [address, attribute], "content": base64.b64encode(text.encode()).decode(),
+                            "encoding": "base64", "source": "/sys/bus/pci/devices/%s/%s" % (address, attribute)})
+    return results
+
+
+def test_restored_functions_the_facts_do_not_show_are_read():
+    """With the IOMMU off a GPU's IOMMU group is unknown: the role reads the audio function's uevent and driver_override."""
+    gpus = [gpu(members=[])]
+    uevent = "DRIVER=snd_hda_intel\nPCI_CLASS=40300\nPCI_ID=10DE:1AEF\nPCI_SLOT_NAME=0000:65:00.1\n"
+    checks = run(CONTAINER, gpus=gpus, reads=slurped(AUDIO, uevent, "(null)\n"))
+    assert failed(checks) == []
+    assert checks["0000:65:00.1 back on snd_hda_intel"]["detail"] == "0000:65:00.1 is on snd_hda_intel, no driver_override"
+    # Stranded: no DRIVER line, and the override.
+    checks = run(CONTAINER, gpus=gpus, reads=slurped(AUDIO, "PCI_CLASS=40300\n", "vfio-pci\n"))
+    assert failed(checks) == ["0000:65:00.1 back on snd_hda_intel", "no vfio driver_override left"]
+    assert checks["no vfio driver_override left"]["detail"] == STRANDED
+    # The read failed: no such function.
+    checks = run(CONTAINER, gpus=gpus, reads=slurped(AUDIO))
+    assert checks["0000:65:00.1 back on snd_hda_intel"]["detail"].startswith("0000:65:00.1 is missing")
+    # Skipped results (the task skipped on vm-passthrough) are left out.
+    assert failed(run(CONTAINER, reads=[{"item": [AUDIO, "uevent"], "skipped": True}])) == []
+
+
+def test_gpu_facts_and_the_checks_together(tmp_path):
+    """The facts gpu_facts gathers from a host whose A10 audio function was stranded, checked as a container node."""
+    tree = st.build_gpu_host(tmp_path)
+    tree.write(tree.functions[st.A10_AUDIO] + "/driver_override", "vfio-pci\n")
+    os.unlink(tree.path(tree.functions[st.A10_AUDIO] + "/driver"))
+    facts = gpu_facts.gather({"vendors": ["10de:2236"]}, root=tree.root)
+    checks = dict((c["check"], c) for c in host_checks(
+        facts["gpuops_gpus"], facts["gpuops_iommu"], facts["gpuops_host"], workload_type="container",
+        expected={"restored": {st.A10: "nvidia", st.A10_AUDIO: "snd_hda_intel"}}, reboot_pending=True))
+    assert failed(checks) == ["0000:65:00.1 back on snd_hda_intel", "no vfio driver_override left"]
+    assert checks["no vfio driver_override left"]["detail"] == STRANDED
+
+
+def test_expected_keys_default_to_empty():
+    for expected in (None, {}, {"vfio": None, "mdev_uuids": None, "sriov": None, "restored": None}):
+        assert failed(run(CONTAINER, expected=expected)) == []
+    # A record of an earlier version, without restored.
+    assert "0000:65:00.0 back on nvidia" not in run(CONTAINER, expected={"vfio": [], "mdev_uuids": [], "sriov": {}})
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, message", [
+    ({"gpus": "0000:65:00.0"}, "expects the GPUs (gpuops_gpus of gpu_facts, a list of dicts)"),
+    ({"gpus": [{"address": GPU}]}, "a GPU without address or driver"),
+    ({"iommu": None}, "iommu (gpuops_iommu of gpu_facts) must be a dict"),
+    ({"host": []}, "host (gpuops_host of gpu_facts) must be a dict"),
+    ({"workload_type": "vm"}, "workload_type must be one of container, vm-passthrough, vm-vgpu, dra, got 'vm'"),
+    ({"cpu_vendor": "arm"}, "cpu_vendor must be one of intel, amd, got 'arm'"),
+    ({"stage": "before"}, "stage must be one of after-reboot, final, got 'before'"),
+    ({"reboot_pending": "maybe"}, "reboot_pending must be a boolean, got 'maybe'"),
+    ({"iommu_pt": None}, "iommu_pt must be a boolean, got None"),
+    ({"vfio_binding": "both"}, "vfio_binding must be one of host, operator, got 'both'"),
+    ({"vgpu_devices": 1}, "vgpu_devices must be one of host, operator, got 1"),
+    ({"expected": ["restored"]}, "expected must be a dict"),
+    ({"expected": {"restored": [AUDIO]}}, "expected.restored must be a dict"),
+    ({"expected": {"vfio": GPU}}, "expected.vfio must be a list"),
+    ({"expected": {"restored": {"65:00.9": "nvidia"}}}, "expected.restored: PCI address '65:00.9' is not valid"),
+    ({"expected": {"restored": {AUDIO: 3}}}, "expected.restored[0000:65:00.1] must be a driver name or null, got 3"),
+    ({"reads": {"results": []}}, "reads must be the results (a list of dicts) of ansible.builtin.slurp"),
+    ({"reads": [{"item": AUDIO, "content": ""}]}, "reads: each result needs item [address, attribute]"),
+    ({"reads": [{"item": [AUDIO, "uevent"], "content": "not base64!"}]}, "is not base64"),
+])
+def test_bad_input_is_an_error_naming_it(changes, message):
+    with pytest.raises(AnsibleFilterError, match="^host_checks: ") as info:
+        run(CONTAINER, **changes)
+    assert message in str(info.value)
+
+
+def test_bad_vf_count_is_an_error():
+    with pytest.raises(AnsibleFilterError, match=r"expected.sriov\[0000:b1:00.0\] must be a VF count, got 'two'"):
+        run(VGPU, expected=dict(VGPU["expected"], sriov={GPU_B: "two"}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The role, for real
+# ---------------------------------------------------------------------------------------------
+
+ABSENT = "ffff:ff:1f.7"  # no host has PCI domain ffff: the role's read of it fails, and the check says it is missing
+
+
+def role_play(tmp_path, hosts, fail):
+    """Run host_verify on local hosts, each with the facts of ``hosts`` set by set_fact; return (rc, output, reports)."""
+    inventory = {"gpu_nodes": {"hosts": dict(
+        (name, {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "fake": fake})
+        for name, fake in hosts.items())}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{
+        "name": "host_verify", "hosts": "gpu_nodes", "gather_facts": False,
+        "tasks": [
+            {"name": "Set the facts gpu_facts would have gathered", "ansible.builtin.set_fact": {
+                "gpuops_gpus": "{{ fake.gpus }}", "gpuops_iommu": "{{ fake.iommu }}", "gpuops_host": "{{ fake.host }}",
+                "host_prepare_expected": "{{ fake.expected }}"}},
+            {"name": "Verify", "ansible.builtin.include_role": {"name": "gpuops.sandbox.host_verify"},
+             "vars": {"host_verify_refresh": False, "host_verify_fail": fail, "host_verify_workload_type": "{{ fake.workload_type }}"}},
+            {"name": "Keep the report", "ansible.builtin.copy": {
+                "content": "{{ host_verify_report | to_json }}", "dest": str(tmp_path) + "/{{ inventory_hostname }}.json",
+                "mode": "0644"}},
+        ]}]))
+    rc, out = ansible_playbook("-i", tmp_path / "hosts.yml", tmp_path / "play.yml")
+    reports = dict((name, json.loads((tmp_path / ("%s.json" % name)).read_text()))
+                   for name in hosts if (tmp_path / ("%s.json" % name)).exists())
+    return rc, out, reports
+
+
+def fake(base, **changes):
+    facts = copy.deepcopy(base)
+    facts.update(changes)
+    return facts
+
+
+def test_the_role_reports_the_checks_and_fails_a_stranded_host(tmp_path):
+    stranded = [gpu(members=[member(GPU, "nvidia"), member(AUDIO, None, "vfio-pci")])]
+    hosts = {
+        "clean": fake(CONTAINER),
+        "stranded": fake(CONTAINER, gpus=stranded),
+        "missing": fake(CONTAINER, expected={"vfio": [], "mdev_uuids": [], "sriov": {}, "restored": {GPU: "nvidia", ABSENT: "snd_hda_intel"}}),
+        "passthrough": fake(PASSTHROUGH),
+    }
+    rc, out, reports = role_play(tmp_path, hosts, fail=False)
+    assert rc == 0, out[-5000:]
+    assert sorted(reports) == sorted(hosts), out[-5000:]
+    clean = reports["clean"]
+    assert sorted(clean) == ["checks", "gpus", "host", "iommu_groups", "mdevs", "ready", "reboot_pending", "stage", "workload_type"]
+    assert (clean["host"], clean["workload_type"], clean["stage"], clean["ready"], clean["reboot_pending"]) == (
+        "clean", "container", "final", True, False)
+    assert clean["gpus"] == ["0000:65:00.0=nvidia"]
+    assert clean["checks"] == host_checks(CONTAINER["gpus"], CONTAINER["iommu"], CONTAINER["host"], "container",
+                                          expected=CONTAINER["expected"])
+    assert reports["stranded"]["ready"] is False
+    assert failed(dict((c["check"], c) for c in reports["stranded"]["checks"])) == [
+        "0000:65:00.1 back on snd_hda_intel", "no vfio driver_override left"]
+    missing = dict((c["check"], c) for c in reports["missing"]["checks"])
+    assert reports["missing"]["ready"] is False
+    assert missing["ffff:ff:1f.7 back on snd_hda_intel"] == {
+        "check": "ffff:ff:1f.7 back on snd_hda_intel", "ok": False,
+        "detail": "ffff:ff:1f.7 is missing: no such PCI function on this host (snd_hda_intel expected)"}
+    assert reports["passthrough"]["ready"] is True
+    assert [c["check"] for c in reports["passthrough"]["checks"]] == list(run(PASSTHROUGH))
+
+    # host_verify_fail: the stranded host fails, naming what is wrong; the clean one does not.
+    (tmp_path / "fail").mkdir()
+    rc, out, reports = role_play(tmp_path / "fail", {"clean": fake(CONTAINER), "stranded": fake(CONTAINER, gpus=stranded)}, fail=True)
+    assert rc != 0
+    assert "stranded (container, final) is not as prepared: " + STRANDED + "; " in out, out[-5000:]
+    assert sorted(reports) == ["clean"]
