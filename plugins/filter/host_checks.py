@@ -30,7 +30,8 @@ description:
     command line) (C(intel_iommu=on) on Intel, C(iommu=pt) when O(iommu_pt)) and C(IOMMU groups).
   - C(container), when no reboot is pending - C(no IOMMU arguments of a VM node).
   - Every type but C(vm-passthrough) - C(no vfio-pci binding left) (no GPU on a vfio driver, no vfio udev rule or
-    module file), C(no vfio driver_override left) (no GPU and no function of a GPU's IOMMU group has a
+    module file; on C(dra) only the files, since the DRA driver binds a GPU to vfio-pci for a VM's claim),
+    C(no vfio driver_override left) (not on C(dra)) (no GPU and no function of a GPU's IOMMU group has a
     C(driver_override) naming vfio-pci or a C(*_vfio_pci) variant, which would strand it without a driver), and for
     each function O(expected) C(restored) names, C(<address> back on <driver>) - on exactly that driver (C(no
     driver) for null) with no C(driver_override); a function the facts and O(reads) do not show fails as missing.
@@ -353,13 +354,17 @@ def _leftover_checks(gpus, managed, seen, expected, workload_type):
     checks = []
     drivers = dict((str(g["address"]), g["driver"]) for g in gpus)
     if workload_type != "vm-passthrough":
+        # On a dra node the DRA driver itself moves a GPU to vfio-pci while a VM's claim holds it: only this
+        # collection's files count there, not the live binding or its driver_override.
+        claims = workload_type == "dra"
         vfio_files = list(managed.get("vfio_rules") or []) + list(managed.get("vfio_modules") or [])
         checks.append(_check("no vfio-pci binding left",
-                             not any(is_vfio_driver(d) for d in drivers.values()) and not vfio_files,
+                             (claims or not any(is_vfio_driver(d) for d in drivers.values())) and not vfio_files,
                              "GPU drivers %s; vfio files %s" % (drivers, vfio_files)))
-        stranded = [_stranded(f) for f in seen.values() if is_vfio_driver(f["driver_override"])]
-        checks.append(_check("no vfio driver_override left", not stranded, "; ".join(stranded) or
-                             "no GPU or function of a GPU's IOMMU group has a vfio driver_override"))
+        if not claims:
+            stranded = [_stranded(f) for f in seen.values() if is_vfio_driver(f["driver_override"])]
+            checks.append(_check("no vfio driver_override left", not stranded, "; ".join(stranded) or
+                                 "no GPU or function of a GPU's IOMMU group has a vfio driver_override"))
         checks.extend(_restored_checks(expected["restored"], seen))
     if workload_type != "vm-vgpu":
         mdev_definitions = list(managed.get("mdev_definitions") or [])

@@ -450,7 +450,10 @@ def with_overrides(info, root="/"):
 
 # Boot files this collection's modules and roles write; their presence tells what a host was set up for.
 MANAGED_FILES = {
-    "kernel_cmdline": ["/etc/default/grub.d/99-gpuops-sandbox.cfg", "/etc/kernel/cmdline.d/99-gpuops-sandbox.conf"],
+    # The record of what kernel_cmdline replaced counts too: on grubby, grub2-mkconfig and kernel-install hosts
+    # it is the only file of this collection's kernel arguments.
+    "kernel_cmdline": ["/etc/default/grub.d/99-gpuops-sandbox.cfg", "/etc/kernel/cmdline.d/99-gpuops-sandbox.conf",
+                       "/var/lib/gpuops/kernel_cmdline.json"],
     "nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"],
     "vfio_modules": ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"],
     "mdev_definitions": ["/etc/gpuops/mdev-devices.conf"],

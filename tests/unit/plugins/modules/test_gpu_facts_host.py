@@ -156,6 +156,12 @@ def test_managed_files_detected(host):
     managed = gpu_facts.host_summary(host.root)["managed_files"]
     assert managed["kernel_cmdline"] == ["/etc/default/grub.d/99-gpuops-sandbox.cfg",
                                          "/etc/kernel/cmdline.d/99-gpuops-sandbox.conf"]
+    # A grubby host has no drop-in: the record of what kernel_cmdline replaced is how a switch to container
+    # knows there are arguments to take off (and values to give back).
+    os.unlink(host.path("/etc/default/grub.d/99-gpuops-sandbox.cfg"))
+    os.unlink(host.path("/etc/kernel/cmdline.d/99-gpuops-sandbox.conf"))
+    host.write("/var/lib/gpuops/kernel_cmdline.json", "{}\n")
+    assert gpu_facts.host_summary(host.root)["managed_files"]["kernel_cmdline"] == ["/var/lib/gpuops/kernel_cmdline.json"]
     assert managed["vfio_modules"] == ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"]
 
 
