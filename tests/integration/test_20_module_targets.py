@@ -16,7 +16,7 @@ HOST = "lab-modules"
 TARGETS_DIR = os.path.join(TOP, "tests", "integration", "targets")
 # kernel_cmdline first (it needs the pristine command line); the rest after the reboot.
 BEFORE_REBOOT = ["kernel_cmdline"]
-AFTER_REBOOT = ["iommu_check", "gpu_facts", "sriov_vfs", "mdev_create", "vfio_bind"]
+AFTER_REBOOT = ["iommu_check", "gpu_facts", "sriov_vfs", "mdev_create", "vfio_bind", "host_lock"]
 
 
 def run_tasks(tmp_path, name, tasks):
