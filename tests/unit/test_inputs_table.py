@@ -5,7 +5,8 @@ import os
 import re
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FACTS = {"gpuops_gpus", "gpuops_iommu", "gpuops_host", "gpuops_mdev_parents", "gpuops_pci_ids", "gpuops_cluster_access"}
+FACTS = {"gpuops_gpus", "gpuops_iommu", "gpuops_host", "gpuops_mdev_parents", "gpuops_pci_ids", "gpuops_cluster_access",
+         "gpuops_run"}
 
 
 def used():
