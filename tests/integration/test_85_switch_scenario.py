@@ -6,7 +6,7 @@ use the controller; this test waits for it. Each switch undoes the old type and 
 fails the scenario when the container state keeps anything of the VM stack.
 """
 
-from conftest import action_output, reboots
+from conftest import action_output, lab, reboots, run
 
 
 def test_switch_scenario(switch_run):
@@ -19,3 +19,63 @@ def test_switch_scenario(switch_run):
     assert reboots(action_output(out, "idempotence")) == 0
     assert " passed" in action_output(out, "verify")
     print("switch: molecule test %.0fs" % elapsed)
+
+
+# Everything a refused switch could have touched: boot files, udev rules, this collection's records, the boot
+# loader configuration and the initramfs (by checksum), the running command line, every function's driver and
+# driver_override.
+BOOT_STATE = (
+    "set -e; sha256sum /etc/modprobe.d/* /etc/modules-load.d/* /etc/udev/rules.d/* /etc/default/grub "
+    "/etc/default/grub.d/* /boot/grub/grub.cfg /boot/initrd.img-* $(find /var/lib/gpuops /etc/gpuops -type f "
+    "! -name lock.json 2>/dev/null) 2>/dev/null | sort -k2; cat /proc/cmdline; "
+    "for f in /sys/bus/pci/devices/*; do echo \"$f $(readlink $f/driver || true) $(cat $f/driver_override)\"; done")
+
+
+def test_refused_switch_changes_nothing(switch_run):
+    """A process holding the GPU's VFIO group: the switch to container is refused by preflight, naming the
+    process by its command line, and every file, the initramfs and the boot configuration stay as they were."""
+    assert switch_run is not None and switch_run.results()["switch"][0] == 0, "needs the switch scenario's host"
+    group = lab("ssh", "lab-passthrough", "--", "basename $(readlink /sys/bus/pci/devices/0000:00:03.0/iommu_group)",
+                check=True).stdout.strip()
+    assert group.isdigit(), group
+    holder = "sleep 1800"
+    lab("ssh", "lab-passthrough", "--",
+        "setsid sh -c 'exec 3<>/dev/vfio/%s; exec %s' </dev/null >/dev/null 2>&1 &" % (group, holder), check=True)
+    try:
+        pid = lab("ssh", "lab-passthrough", "--", "sleep 1; pgrep -xf '%s'" % holder, check=True).stdout.split()
+        assert len(pid) == 1, pid
+        before = lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout
+        proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
+                    "lab-passthrough", "-e", "gpuops_workload_type=container"], timeout=1800)
+        out = " ".join(proc.stdout.split())
+        assert proc.returncode != 0, proc.stdout[-4000:]
+        assert "pid %s (%s) holds /dev/vfio/%s" % (pid[0], holder, group) in out, proc.stdout[-4000:]
+        assert "cannot be prepared as a container node" in out and "Nothing was changed" in out
+        assert "changed=0" in out and "Traceback" not in proc.stdout
+        assert lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout == before
+    finally:
+        lab("ssh", "lab-passthrough", "--", "pkill -xf '%s' || true" % holder)
+
+
+def test_a_second_run_on_a_held_host_stops_naming_the_first(switch_run):
+    """Another run holds lab-passthrough (an AWX job, say): prepare_hosts.yml stops on it before any change,
+    naming that run; once that run is gone (its lock broken on request), the play runs and frees the host."""
+    assert switch_run is not None and switch_run.results()["switch"][0] == 0, "needs the switch scenario's host"
+    other = "run_id=awx-4711 owner='AWX job 4711 (Prepare GPU nodes, launched by scheduler)'"
+    run(["ansible", "lab-passthrough", "-i", "inventories/lab/", "-m", "gpuops.sandbox.host_lock", "-a", other],
+        check=True)
+    before = lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout
+    proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
+                "lab-passthrough"], timeout=1800)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    assert "AWX job 4711 (Prepare GPU nodes, launched by scheduler)" in out and "awx-4711" in out, proc.stdout[-4000:]
+    assert "changed=0" in out and "Traceback" not in proc.stdout
+    assert lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout == before
+    # The other run's lock is still there: this run's release left it alone.
+    assert "awx-4711" in lab("ssh", "lab-passthrough", "--", "cat /var/lib/gpuops/lock.json", check=True).stdout
+    proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
+                "lab-passthrough", "-e", "gpuops_host_lock_break=true"], timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "changed=0" in " ".join(proc.stdout.split())
+    assert lab("ssh", "lab-passthrough", "--", "test ! -e /var/lib/gpuops/lock.json", check=False).returncode == 0

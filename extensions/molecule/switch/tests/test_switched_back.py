@@ -54,9 +54,60 @@ def test_no_vgpu_leftovers(host):
     assert host.check_output("ls /sys/bus/mdev/devices 2>/dev/null || true") == ""
 
 
-def test_container_leg_was_clean(host):
+def container_leg(host):
     import json  # pylint: disable=import-outside-toplevel
     report = json.loads(host.file("/var/tmp/gpuops-switch-container.json").content_string)
+    lines = {}
+    for line in report.get("state", []):
+        kind, _sep, rest = line.partition(" ")
+        lines.setdefault(kind, []).append(rest)
+    return report, lines
+
+
+def test_container_leg_was_clean(host):
+    report, _lines = container_leg(host)
     assert report["workload_type"] == "container" and report["ready"] is True
     names = [check["check"] for check in report["checks"] if check["ok"]]
     assert "no vfio-pci binding left" in names and "no IOMMU arguments of a VM node" in names
+
+
+# What each function had on the pristine lab host: the edu stand-ins have no host driver, the HDA function
+# of the first one's slot is on snd_hda_intel; nothing carries a driver_override.
+PRISTINE = {"0000:00:03.0": "none", "0000:00:03.1": "snd_hda_intel", "0000:02:00.0": "none"}
+
+
+@pytest.mark.parametrize("address", sorted(PRISTINE))
+def test_container_leg_gave_every_function_back(host, address):
+    """After the container leg's reboot every function is on the driver it had, with no driver_override
+    (a vfio rule carried in the initramfs would leave the GPU and its audio function on no driver)."""
+    _report, lines = container_leg(host)
+    functions = dict((words[0], words[1:]) for words in (line.split() for line in lines["function"]))
+    assert functions[address] == [PRISTINE[address], "(null)"], lines["function"]
+
+
+def test_container_leg_no_vfio_override_anywhere(host):
+    _report, lines = container_leg(host)
+    assert [line for line in lines["function"] if "vfio" in line] == []
+
+
+def test_container_leg_initramfs_matches_the_host(host):
+    """The initramfs carries none of this collection's vfio files once they are gone from the host."""
+    _report, lines = container_leg(host)
+    on_host = set(line for line in lines.get("file", []))
+    assert not [f for f in on_host if "gpuops-vfio" in f]
+    carried = lines.get("initramfs", [])
+    assert not [entry for entry in carried if "gpuops-vfio" in entry], carried
+
+
+def test_container_leg_has_the_original_command_line(host):
+    """passthrough -> container gives the distribution drop-in's intel_iommu=off back: the command line is the
+    one the host booted with before its first preparation (recorded by the scenario's prepare step)."""
+    _report, lines = container_leg(host)
+    pristine = host.file("/var/tmp/gpuops-pristine-cmdline").content_string.strip()
+    assert lines["cmdline"] == [pristine]
+    assert "intel_iommu=off" in pristine.split()
+
+
+def test_distribution_drop_in_left_alone(host):
+    dropin = host.file("/etc/default/grub.d/50-distro-iommu.cfg")
+    assert dropin.exists and "intel_iommu=off" in dropin.content_string
