@@ -272,13 +272,9 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     RECORD_FILE,
     apply_args,
     bls_entry_files,
-    evaluate_grub_defaults,
-    grub_defaults_chain,
-    grub_mkconfig_reads_dropins,
     host_path,
     load_record,
     parse_args,
-    parse_grub_defaults,
     parse_grubby_info,
     plan_restore,
     read_bls_options,
@@ -286,13 +282,19 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     read_proc_cmdline,
     read_text,
     record_present,
-    render_grub_dropin,
     render_kernel_cmdline_file,
     render_record,
     satisfies,
-    set_grub_variables,
     split_cmdline,
     strip_loader_tokens,
+)
+from ansible_collections.gpuops.sandbox.plugins.module_utils._shellvars import (
+    evaluate_grub_defaults,
+    grub_defaults_chain,
+    grub_mkconfig_reads_dropins,
+    parse_grub_defaults,
+    render_grub_dropin,
+    set_grub_variables,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
