@@ -5,7 +5,9 @@
 
 """Private helpers for the kernel command line: argument validation, merging, and the files that hold one.
 
-The shell of the grub defaults files is read and written by _shellvars.
+This is the one tokenizer of kernel command lines in the collection (split_cmdline, kernel_param,
+parse_cmdline); _iommu reads /proc/cmdline through it. The shell of the grub defaults files is read and
+written by _shellvars.
 
 This file is private to the gpuops.sandbox collection: its interface may change at any time.
 Everything here is plain Python that raises CmdlineError; only the module turns errors into
@@ -170,7 +172,8 @@ def parse_args(items, state, replace_values=True):
 def split_cmdline(text):
     """Split a command line into tokens the way the kernel does (whitespace, double quotes group).
 
-    Tokens keep their original text, quotes included, so unrelated arguments are written back unchanged.
+    Tokens keep their original text, quotes included, so unrelated arguments are written back unchanged;
+    kernel_param tells what the kernel makes of one token.
     """
     tokens = []
     current = []
@@ -188,6 +191,48 @@ def split_cmdline(text):
     if current:
         tokens.append("".join(current))
     return tokens
+
+
+def kernel_param(token):
+    """Return ``(key, value or None)`` of one token of split_cmdline as the kernel reads it (``next_arg``).
+
+    The kernel removes only these double quotes: the first character of a token that starts with ``"``,
+    the first character of a value that starts with ``"``, and in both cases the token's last character
+    when it is a ``"``. Any other ``"`` stays (``key=a"b c"d`` has the value ``a"b c"d``). The key ends at
+    the first ``=`` after its first character.
+    """
+    quoted = token.startswith('"')
+    body = token[1:] if quoted else token
+    equals = body.find("=", 1)
+    if equals == -1:
+        key, value = body, None
+    else:
+        key, value = body[:equals], body[equals + 1:]
+        if value.startswith('"'):
+            # The token's last character goes when it is a quote; the check below then finds it gone.
+            value = value[1:]
+            return key, (value[:-1] if value.endswith('"') else value)
+    if quoted and body.endswith('"'):
+        if value is None:
+            key = key[:-1]
+        else:
+            value = value[:-1]
+    return key, value
+
+
+def parse_cmdline(text):
+    """Split a kernel command line into ``[(key, value_or_None)]`` as the kernel reads it, keeping order and repeats.
+
+    Double quotes group a value containing spaces (``key="a b"`` is ``("key", "a b")``); see kernel_param for
+    which quotes the kernel removes. A bare ``--`` ends the kernel's arguments (the rest is for init) and the list.
+    """
+    result = []
+    for token in split_cmdline(text):
+        key, value = kernel_param(token)
+        if key == "--" and value is None:
+            break
+        result.append((key, value))
+    return result
 
 
 def removes(arg, token):
