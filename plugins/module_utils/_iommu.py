@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import parse_cmdline
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
 
 FIRMWARE_TABLES = (("DMAR", "intel"), ("IVRS", "amd"))
@@ -74,47 +75,12 @@ def iommu_group_count(root="/"):
     return len([name for name in _listdir(root, IOMMU_GROUPS) if name.isdigit()])
 
 
-def parse_cmdline(text):
-    """Split a kernel command line into ``[(key, value_or_None)]``, keeping order and repeats.
-
-    Double quotes group a value containing spaces (``key="a b"``), as the kernel's parser does.
-    """
-    words = []
-    current = []
-    quoted = False
-    started = False
-    for char in text or "":
-        if char == '"':
-            quoted = not quoted
-            started = True
-            continue
-        if char.isspace() and not quoted:
-            if started:
-                words.append("".join(current))
-                current = []
-                started = False
-            continue
-        current.append(char)
-        started = True
-    if started:
-        words.append("".join(current))
-    result = []
-    for word in words:
-        if word == "--":
-            break
-        if "=" in word:
-            key, value = word.split("=", 1)
-            result.append((key, value))
-        else:
-            result.append((word, None))
-    return result
-
-
 def cmdline_flags(text):
     """Return the IOMMU-related flags of a command line: ``{canonical_key: value}``.
 
     The last occurrence of a key wins; a key without ``=`` has the value ``""``. ``vfio-pci.ids``
-    is returned as a list of ``VVVV:DDDD`` strings (all occurrences, in order).
+    is returned as a list of ``VVVV:DDDD`` strings (all occurrences, in order). The command line is split
+    by _cmdline.parse_cmdline, the collection's one kernel command-line tokenizer.
     """
     flags = {}
     for key, value in parse_cmdline(text):

@@ -2,7 +2,7 @@
 # Copyright (c) gpuops.sandbox contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Files the host modules keep on disk: atomic writes, comparisons, removal and boot units.
+"""Files the host modules keep on disk: atomic writes, comparisons, removal, rollback and boot units.
 
 Every function takes ``root`` (the filesystem root, ``/`` on a host, a temp dir in unit tests) and
 paths as they are on the host.
@@ -10,11 +10,16 @@ paths as they are on the host.
 Every failure of :func:`write_text` (creating the directory, writing the temp file, the final move, which
 ansible-core 2.19 reports as a bare ``Exception``, the mode and owner) is raised as :class:`PersistError`,
 a GpuopsError that is also an OSError, so each caller handles it with its rollback.
+
+Two ways to roll back live here: :func:`snapshot` and :func:`restore` (content kept in memory, used by
+most modules), and :class:`Transaction` (backup files on disk, used by kernel_cmdline for the boot
+configuration; its docstring says why it is not built on the first).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
@@ -155,6 +160,132 @@ def apply_files(module, root, changes):
             remove_file(root, path)
         else:
             write_text(module, root, path, text)
+
+
+def _write_as_is(module, path, text):
+    """Write ``text`` to ``path`` through a temp file in the same directory, then root:root 0644."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        module.atomic_move(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    os.chmod(path, 0o644)
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0)
+
+
+def _copy_back(module, backup, path):
+    """Put ``backup`` (a copy made by ``module.backup_local``) back at ``path`` through a temp file and a move."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        shutil.copy2(backup, tmp)
+        module.atomic_move(tmp, path, keep_dest_attrs=False)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class Transaction:
+    """Backs up each file before it changes and can put every one of them back (kernel_cmdline's boot files).
+
+    It is not built on :func:`snapshot` and :func:`restore`, because that would change what it does:
+    every file it changes or lets a command regenerate (grub.cfg, grubenv, BLS entries) gets a backup on
+    disk, ``<file>.<pid>.<timestamp>~`` from ``module.backup_local``, which the module returns
+    (``backup_file``, ``backup_files``) and which stays after the run; a file is put back by copying
+    that backup, its bytes, mode and times (:func:`shutil.copy2`), where :func:`restore` writes text
+    root:root 0644; boot files are read and written with ``surrogateescape``, so bytes that are not
+    UTF-8 survive, where :func:`read_text` reads in the locale's encoding; and it removes the directories
+    it created. Only the module's own record (a small JSON file with no backup) goes through
+    :func:`write_text` and is put back with :func:`restore`, as the other modules' files are.
+    """
+
+    def __init__(self, module):
+        self.module = module
+        self.records = []  # (path, backup path or None when the file did not exist)
+        self.saved = []  # (root, host path, text or None): files put back from memory (the module's record)
+        self.created_dirs = []
+
+    @property
+    def backups(self):
+        return [backup for _path, backup in self.records if backup]
+
+    def backup(self, path):
+        if any(path == recorded for recorded, _backup in self.records):
+            return None
+        backup = None
+        if os.path.exists(path):
+            try:
+                backup = self.module.backup_local(path) or None
+            except Exception as exc:  # backup_local raises a bare Exception
+                raise GpuopsError("could not back up %s, nothing changed: %s" % (path, exc))
+        self.records.append((path, backup))
+        return backup
+
+    def make_dirs(self, directory):
+        """Create ``directory`` and its missing parents (0755), each recorded so that rollback removes it."""
+        missing = []
+        while directory and not os.path.isdir(directory) and directory != os.path.dirname(directory):
+            missing.append(directory)
+            directory = os.path.dirname(directory)
+        for path in reversed(missing):
+            os.mkdir(path, 0o755)
+            self.created_dirs.append(path)
+
+    def write(self, path, text):
+        self.make_dirs(os.path.dirname(path))
+        self.backup(path)
+        _write_as_is(self.module, path, text)
+
+    def write_record(self, root, host_file, before, after):
+        """Write the module's record (``after``; None removes it) with write_text; ``before`` is put back on rollback."""
+        if not any(saved_file == host_file for _root, saved_file, _text in self.saved):
+            self.saved.append((root, host_file, before))
+        if after is None:
+            remove_file(root, host_file)
+        else:
+            self.make_dirs(os.path.dirname(host_path(root, host_file)))
+            write_text(self.module, root, host_file, after)
+
+    def remove(self, path):
+        self.backup(path)
+        if os.path.exists(path):
+            os.unlink(path)
+
+    def rollback(self):
+        """Restore every recorded file; return (list of actions, list of errors)."""
+        done, errors = [], []
+        for root, host_file, text in reversed(self.saved):
+            path = host_path(root, host_file)
+            problems = restore(self.module, root, {host_file: text})
+            if problems:
+                errors.extend("could not restore %s" % problem for problem in problems)
+            elif text is None:
+                done.append("removed %s (it did not exist before)" % path)
+            else:
+                done.append("restored %s" % path)
+        for path, backup in reversed(self.records):
+            try:
+                if backup:
+                    _copy_back(self.module, backup, path)
+                    done.append("restored %s from %s" % (path, backup))
+                elif os.path.exists(path):
+                    os.unlink(path)
+                    done.append("removed %s (it did not exist before)" % path)
+            except (OSError, IOError, shutil.Error) as exc:
+                errors.append("could not restore %s: %s" % (path, exc))
+        for directory in reversed(self.created_dirs):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+        return done, errors
 
 
 def wants_link_missing(root, link, unit_file):

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _cmdline as cl
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _shellvars as sv
 
 DEBIAN_GRUB = (
     "# If you change this file, run 'update-grub' afterwards to update\n"
@@ -147,6 +148,76 @@ def test_split_cmdline_keeps_quoted_tokens():
     assert cl.split_cmdline("") == []
 
 
+def kernel_parse_args(text):
+    """The kernel's parse_args/next_arg (lib/cmdline.c), line for line on a NUL-terminated copy: the reference."""
+    buf = list(text) + ["\0"]
+    pos = 0
+    result = []
+
+    def skip_spaces(at):
+        while buf[at] != "\0" and buf[at].isspace():
+            at += 1
+        return at
+
+    def string(at):
+        return "".join(buf[at:buf.index("\0", at)])
+
+    pos = skip_spaces(pos)
+    while buf[pos] != "\0":
+        args = pos
+        equals = 0
+        in_quote = quoted = False
+        if buf[args] == '"':
+            args += 1
+            in_quote = quoted = True
+        i = 0
+        while buf[args + i] != "\0":
+            if buf[args + i].isspace() and not in_quote:
+                break
+            if equals == 0 and buf[args + i] == "=":
+                equals = i
+            if buf[args + i] == '"':
+                in_quote = not in_quote
+            i += 1
+        param, val = args, None
+        if equals:
+            buf[args + equals] = "\0"
+            val = args + equals + 1
+            if buf[val] == '"':
+                val += 1
+                if buf[args + i - 1] == '"':
+                    buf[args + i - 1] = "\0"
+        if quoted and buf[args + i - 1] == '"':
+            buf[args + i - 1] = "\0"
+        if buf[args + i] != "\0":
+            buf[args + i] = "\0"
+            pos = args + i + 1
+        else:
+            pos = args + i
+        pos = skip_spaces(pos)
+        key, value = string(param), None if val is None else string(val)
+        if value is None and key == "--":
+            break
+        result.append((key, value))
+    return result
+
+
+def test_parse_cmdline_removes_the_quotes_the_kernel_removes():
+    assert cl.parse_cmdline('ro dyndbg="file x.c +p" "a=b c" a="" "x" -- init=1') == [
+        ("ro", None), ("dyndbg", "file x.c +p"), ("a", "b c"), ("a", ""), ("x", None)]
+    # A quote inside a value or a key stays, as in the kernel (a tokenizer that dropped every quote said "ab cd").
+    assert cl.parse_cmdline('key=a"b c"d "a"=b =x a=b"') == [
+        ("key", 'a"b c"d'), ('a"', "b"), ("=x", None), ("a", 'b"')]
+    assert [cl.kernel_param(t) for t in cl.split_cmdline('key="a b" "k=v" "flag"')] == [
+        ("key", "a b"), ("k", "v"), ("flag", None)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet='ab=" -\t', max_size=30))
+def test_parse_cmdline_is_the_kernels(text):
+    assert cl.parse_cmdline(text) == kernel_parse_args(text)
+
+
 SAFE_TOKEN = st.from_regex(r"\A[a-z][a-z0-9_]{0,6}(=[a-z0-9,:.]{1,6})?\Z")
 
 
@@ -191,7 +262,7 @@ def shell_values(root):
 
 def test_evaluate_debian_matches_shell(tmp_path):
     write(tmp_path, "/etc/default/grub", DEBIAN_GRUB)
-    values, assignments = cl.evaluate_grub_defaults(str(tmp_path))
+    values, assignments = sv.evaluate_grub_defaults(str(tmp_path))
     assert values == {"GRUB_CMDLINE_LINUX": "", "GRUB_CMDLINE_LINUX_DEFAULT": "console=ttyS0,115200 intel_iommu=off"}
     assert values == shell_values(tmp_path)
     assert len(assignments["GRUB_CMDLINE_LINUX_DEFAULT"]) == 1
@@ -207,7 +278,7 @@ def test_evaluate_dropins_in_order_with_references(tmp_path):
           'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} $EXTRA \\\n  b=2"  # trailing comment\n'
           "export GRUB_CMDLINE_LINUX_DEFAULT=\"$GRUB_CMDLINE_LINUX_DEFAULT\"' nosplash'\n")
     write(tmp_path, "/etc/default/grub.d/70-not-a-cfg.txt", 'GRUB_CMDLINE_LINUX="ignored"\n')
-    values, _assignments = cl.evaluate_grub_defaults(str(tmp_path))
+    values, _assignments = sv.evaluate_grub_defaults(str(tmp_path))
     assert values == shell_values(tmp_path)
     assert cl.split_cmdline(values["GRUB_CMDLINE_LINUX"]) == ["a=1", "b=2"]
     assert values["GRUB_CMDLINE_LINUX_DEFAULT"] == "console=tty1 console=ttyS0 nosplash"
@@ -216,7 +287,7 @@ def test_evaluate_dropins_in_order_with_references(tmp_path):
 def test_evaluate_override_tries_a_dropin(tmp_path):
     write(tmp_path, "/etc/default/grub", DEBIAN_GRUB)
     dropin = os.path.join(str(tmp_path), "etc/default/grub.d/99-x.cfg")
-    values, _a = cl.evaluate_grub_defaults(str(tmp_path), {dropin: 'GRUB_CMDLINE_LINUX="x"\n'})
+    values, _a = sv.evaluate_grub_defaults(str(tmp_path), {dropin: 'GRUB_CMDLINE_LINUX="x"\n'})
     assert values["GRUB_CMDLINE_LINUX"] == "x"
     assert not os.path.exists(dropin)
 
@@ -236,7 +307,7 @@ def test_evaluate_override_tries_a_dropin(tmp_path):
 ])
 def test_unsupported_shell_is_refused(text, fragment):
     with pytest.raises(cl.CmdlineError) as info:
-        cl.parse_grub_defaults(text, "/etc/default/grub", {}, {})
+        sv.parse_grub_defaults(text, "/etc/default/grub", {}, {})
     assert fragment in info.value.msg
     assert "/etc/default/grub" in info.value.msg
 
@@ -244,22 +315,22 @@ def test_unsupported_shell_is_refused(text, fragment):
 def test_untracked_shell_is_tolerated():
     text = ('f() { echo hi; }\nif [ -n "$GRUB_CMDLINE_LINUX" ]; then X=1; fi\nGRUB_THEME=$(ls)\n'
             'case "$a" in b) Y=2;; esac\nGRUB_CMDLINE_LINUX="ok $HOME_NOT_SET"\n')
-    env = cl.parse_grub_defaults(text, "f", {}, {})
+    env = sv.parse_grub_defaults(text, "f", {}, {})
     assert env["GRUB_CMDLINE_LINUX"] == "ok "
 
 
 def test_set_grub_variables_rewrites_last_assignment_only():
     text = 'GRUB_CMDLINE_LINUX="one"\n# note\nGRUB_CMDLINE_LINUX="two"\nGRUB_TIMEOUT=5\n'
-    out = cl.set_grub_variables(text, "f", {"GRUB_CMDLINE_LINUX": 'x "y" $z', "GRUB_CMDLINE_LINUX_DEFAULT": "q"})
+    out = sv.set_grub_variables(text, "f", {"GRUB_CMDLINE_LINUX": 'x "y" $z', "GRUB_CMDLINE_LINUX_DEFAULT": "q"})
     assert out == ('GRUB_CMDLINE_LINUX="one"\n# note\nGRUB_CMDLINE_LINUX="x \\"y\\" \\$z"\nGRUB_TIMEOUT=5\n'
                    'GRUB_CMDLINE_LINUX_DEFAULT="q"\n')
-    env = cl.parse_grub_defaults(out, "f", {}, {})
+    env = sv.parse_grub_defaults(out, "f", {}, {})
     assert env["GRUB_CMDLINE_LINUX"] == 'x "y" $z'
 
 
 def test_render_dropin_roundtrip(tmp_path):
-    text = cl.render_grub_dropin({"GRUB_CMDLINE_LINUX_DEFAULT": "a b=1"}, "me")
-    env = cl.parse_grub_defaults(text, "d", {}, {})
+    text = sv.render_grub_dropin({"GRUB_CMDLINE_LINUX_DEFAULT": "a b=1"}, "me")
+    env = sv.parse_grub_defaults(text, "d", {}, {})
     assert env == {"GRUB_CMDLINE_LINUX_DEFAULT": "a b=1"}
 
 
@@ -283,16 +354,16 @@ def test_proc_and_kernel_cmdline_files(tmp_path):
 def test_grub_mkconfig_reads_dropins(tmp_path):
     debian = write(tmp_path, "/a", '#!/bin/sh\nfor x in ${sysconfdir}/default/grub.d/*.cfg ; do :; done\n')
     upstream = write(tmp_path, "/b", "#!/bin/sh\n. ${sysconfdir}/default/grub\n")
-    assert cl.grub_mkconfig_reads_dropins(debian) is True
-    assert cl.grub_mkconfig_reads_dropins(upstream) is False
-    assert cl.grub_mkconfig_reads_dropins(str(tmp_path / "missing")) is None
+    assert sv.grub_mkconfig_reads_dropins(debian) is True
+    assert sv.grub_mkconfig_reads_dropins(upstream) is False
+    assert sv.grub_mkconfig_reads_dropins(str(tmp_path / "missing")) is None
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
 def test_shell_reader_never_crashes(text):
     try:
-        cl.parse_grub_defaults(text, "f", {}, {})
+        sv.parse_grub_defaults(text, "f", {}, {})
     except cl.CmdlineError:
         pass
 

@@ -21,6 +21,12 @@ def test_parse_cmdline_keeps_order_repeats_and_quotes():
     assert _iommu.parse_cmdline('  a=""  ') == [("a", "")]
 
 
+def test_parse_cmdline_keeps_the_quotes_the_kernel_keeps():
+    # Only a value's (or token's) opening quote and the closing one at its end go, as in the kernel's next_arg.
+    assert _iommu.parse_cmdline('vfio-pci.ids="10de:2236" dyndbg=a"b c"d') == [
+        ("vfio-pci.ids", "10de:2236"), ("dyndbg", 'a"b c"d')]
+
+
 def test_cmdline_flags():
     text = ("ro intel_iommu=off intel-iommu=on iommu=pt iommu.passthrough=1 amd_iommu vfio_pci.ids=10de:2236 "
             "vfio-pci.ids=10de:1aef,1234:11e8 unrelated=1")

@@ -25,6 +25,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import TIMEOUT_RC
 from ansible_collections.gpuops.sandbox.plugins.modules import kernel_cmdline
 
 DEBIAN_GRUB = (
@@ -572,7 +574,7 @@ def test_bad_timeout_rejected_before_anything_changes(tmp_path, timeout, fragmen
 
 def test_timeout_rc_comes_from_the_shared_constant(tmp_path):
     host = debian_host(tmp_path)
-    host.script("update-grub", "#!/bin/sh\nexit %d\n" % kernel_cmdline.TIMEOUT_RC)
+    host.script("update-grub", "#!/bin/sh\nexit %d\n" % TIMEOUT_RC)
     result = run(host, arguments=IOMMU, command_timeout=5)
     assert result["failed"] is True and result["rc"] == 124
     assert "did not finish within 5 seconds" in result["msg"] and "Rolled back" in result["msg"]
@@ -1038,8 +1040,8 @@ def test_failure_on_a_fresh_host_leaves_no_record_or_directory(tmp_path):
 def test_record_write_failure_rolls_back_the_boot_files(tmp_path):
     host = debian_host(tmp_path)
     snap = host.snapshot()
-    failure = kernel_cmdline._persist.PersistError(RECORD, "No space left on device")
-    with mock.patch.object(kernel_cmdline._persist, "write_text", side_effect=failure):
+    failure = _persist.PersistError(RECORD, "No space left on device")
+    with mock.patch.object(_persist, "write_text", side_effect=failure):
         result = run(host, arguments=IOMMU)
     assert result["failed"] is True and "No space left on device" in result["msg"]
     assert "rolled back" in result["msg"] and "removed %s" % host.path(DROPIN) in result["msg"]
