@@ -1,0 +1,820 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Unit tests for kexec_load on fake trees under tmp_path.
+
+``kexec`` and ``grubby`` are small scripts in a fake bin directory, so the module's run_command path runs for
+real; ``AnsibleModule.get_bin_path`` only looks there. The fake kexec logs its arguments, sets
+``/sys/kernel/kexec_loaded`` of the fake tree like the kernel does, and fails the way the file ``kexec-mode``
+says (``eperm``: kexec_load is refused, kexec_file_load works, as with Secure Boot; ``eperm-all``: both are
+refused; ``fail``: another error; ``hang``: never returns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
+
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _kexec
+from ansible_collections.gpuops.sandbox.plugins.modules import kexec_load
+
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import (
+    ModuleExit,
+    ModuleFail,
+    raise_on_exit,
+)
+
+UUID = "6f1a2b3c-4d5e-4f60-8172-93a4b5c6d7e8"
+VERSION = "6.1.0-18-amd64"
+OLD_VERSION = "6.1.0-17-amd64"
+ARGS = "root=UUID=%s ro quiet intel_iommu=on iommu=pt" % UUID
+
+FAKE_KEXEC = r'''#!{python}
+import os, sys, time
+ROOT = {root!r}
+argv = sys.argv[1:]
+with open(os.path.join(ROOT, "calls.log"), "a") as log:
+    log.write("kexec\t" + "\t".join(argv) + "\n")
+mode_file = os.path.join(ROOT, "kexec-mode")
+mode = open(mode_file).read().strip() if os.path.exists(mode_file) else "ok"
+file_syscall = "--kexec-file-syscall" in argv
+if mode == "hang":
+    time.sleep(60)
+if mode in ("eperm", "eperm-all") and not file_syscall:
+    sys.stderr.write("kexec_load failed: Operation not permitted\nentry       = 0x3ffd0b0 flags = 0x3e0000\n")
+    sys.exit(255)
+if mode == "eperm-all":
+    sys.stderr.write("kexec_file_load failed: Key was rejected by service\n")
+    sys.exit(255)
+if mode == "fail" or (mode == "fail-load" and "--load" in argv):
+    sys.stderr.write("Cannot determine the file type of the kernel image\n")
+    sys.exit(1)
+state = os.path.join(ROOT, "sys/kernel/kexec_loaded")
+with open(state, "w") as handle:
+    handle.write("0\n" if "--unload" in argv else "1\n")
+'''
+
+FAKE_GRUBBY = r'''#!{python}
+import os, sys
+ROOT = {root!r}
+with open(os.path.join(ROOT, "calls.log"), "a") as log:
+    log.write("grubby\t" + "\t".join(sys.argv[1:]) + "\n")
+if sys.argv[1:] != ["--info=DEFAULT"]:
+    sys.stderr.write("unexpected arguments\n")
+    sys.exit(2)
+if os.path.exists(os.path.join(ROOT, "grubby-fail")):
+    sys.stderr.write("grubby: The param /boot/vmlinuz-5.14.0-427.el9.x86_64 is incorrect\n")
+    sys.exit(1)
+sys.stdout.write(open(os.path.join(ROOT, "grubby-info")).read())
+'''
+
+RHEL_VERSION = "5.14.0-427.13.1.el9_4.x86_64"
+GRUBBY_INFO = (
+    'index=0\n'
+    'kernel="/boot/vmlinuz-{v}"\n'
+    'args="ro crashkernel=1G-4G:192M,4G-64G:256M,64G-:512M resume=/dev/mapper/rhel-swap rd.lvm.lv=rhel/root '
+    'intel_iommu=on iommu=pt $tuned_params"\n'
+    'root="/dev/mapper/rhel-root"\n'
+    'initrd="/boot/initramfs-{v}.img $tuned_initrd"\n'
+    'title="Red Hat Enterprise Linux (5.14.0-427.13.1.el9_4.x86_64) 9.4 (Plow)"\n'
+    'id="0a1b2c3d4e5f60718293a4b5c6d7e8f9-{v}"\n'
+).format(v=RHEL_VERSION)
+
+SEARCH = (
+    "\tif [ x$feature_platform_search_hint = xy ]; then\n"
+    "\t  search --no-floppy --fs-uuid --set=root --hint-bios=hd0,gpt2 --hint-efi=hd0,gpt2 "
+    "--hint-baremetal=ahci0,gpt2  {uuid}\n"
+    "\telse\n"
+    "\t  search --no-floppy --fs-uuid --set=root {uuid}\n"
+    "\tfi\n"
+).format(uuid=UUID)
+
+
+def linux_entry(title, entry_id, boot, version, args, indent="", extra=""):
+    body = (
+        "menuentry '{title}' --class debian --class gnu-linux --class gnu --class os $menuentry_id_option "
+        "'{entry_id}' {{\n"
+        "\tload_video\n\tinsmod gzio\n"
+        "\tif [ x$grub_platform = xxen ]; then insmod xzio; insmod lzopio; fi\n"
+        "\tinsmod part_gpt\n\tinsmod ext2\n"
+        "\tset root='hd0,gpt2'\n" + SEARCH +
+        "\techo\t'Loading Linux {version} ...'\n"
+        "\tlinux\t{boot}/vmlinuz-{version} {args}\n"
+        "\techo\t'Loading initial ramdisk ...'\n"
+        "\tinitrd\t{boot}/initrd.img-{version}\n{extra}"
+        "}}\n"
+    ).format(title=title, entry_id=entry_id, boot=boot, version=version, args=args, extra=extra)
+    return "".join(indent + line + "\n" for line in body.splitlines())
+
+
+def debian_grub_cfg(boot="/boot", default='"0"', args=ARGS, first=None):
+    """grub.cfg as Debian 12's grub-mkconfig writes it (GRUB_DEFAULT=saved gives default="${saved_entry}")."""
+    head = (
+        "#\n# DO NOT EDIT THIS FILE\n#\n# It is automatically generated by grub-mkconfig using templates\n"
+        "# from /etc/grub.d and settings from /etc/default/grub\n#\n\n"
+        "### BEGIN /etc/grub.d/00_header ###\n"
+        "if [ -s $prefix/grubenv ]; then\n  set have_grubenv=true\n  load_env\nfi\n"
+        'if [ "${next_entry}" ] ; then\n   set default="${next_entry}"\n   set next_entry=\n'
+        "   save_env next_entry\n   set boot_once=true\nelse\n   set default=%s\nfi\n\n"
+        'if [ x"${feature_menuentry_id}" = xy ]; then\n  menuentry_id_option="--id"\nelse\n'
+        '  menuentry_id_option=""\nfi\n\nexport menuentry_id_option\n\n'
+        'if [ "${prev_saved_entry}" ]; then\n  set saved_entry="${prev_saved_entry}"\n  save_env saved_entry\n'
+        "  set prev_saved_entry=\n  save_env prev_saved_entry\n  set boot_once=true\nfi\n\n"
+        'function savedefault {\n  if [ -z "${boot_once}" ]; then\n    saved_entry="${chosen}"\n'
+        "    save_env saved_entry\n  fi\n}\n"
+        "function load_video {\n  if [ x$feature_all_video_module = xy ]; then\n    insmod all_video\n  else\n"
+        "    insmod efi_gop\n    insmod efi_uga\n    insmod ieee1275_fb\n    insmod vbe\n    insmod vga\n"
+        "    insmod video_bochs\n    insmod video_cirrus\n  fi\n}\n\n"
+        "if [ x$feature_default_font_path = xy ] ; then\n   font=unicode\nelse\n"
+        "insmod part_gpt\ninsmod ext2\nset root='hd0,gpt2'\n" + SEARCH.replace("\t", "") +
+        '    font="/usr/share/grub/unicode.pf2"\nfi\n\n'
+        "if loadfont $font ; then\n  set gfxmode=auto\n  load_video\n  insmod gfxterm\n"
+        "  set locale_dir=$prefix/locale\n  set lang=en_US\n  insmod gettext\nfi\nterminal_output gfxterm\n"
+        'if [ "${recordfail}" = 1 ] ; then\n  set timeout=30\nelse\n'
+        "  if [ x$feature_timeout_style = xy ] ; then\n    set timeout_style=menu\n    set timeout=5\n"
+        "  # Fallback normal timeout code in case the timeout_style feature is\n  # unavailable.\n  else\n"
+        "    set timeout=5\n  fi\nfi\n### END /etc/grub.d/00_header ###\n\n"
+        "### BEGIN /etc/grub.d/05_debian_theme ###\ninsmod part_gpt\ninsmod ext2\nset root='hd0,gpt2'\n"
+        + SEARCH.replace("\t", "") +
+        "insmod png\nif background_image /usr/share/desktop-base/emerald-theme/grub/grub-4x3.png; then\n"
+        "  set color_normal=white/black\n  set color_highlight=black/white\nelse\n"
+        "  set menu_color_normal=cyan/blue\n  set menu_color_highlight=white/blue\nfi\n"
+        "### END /etc/grub.d/05_debian_theme ###\n\n"
+        "### BEGIN /etc/grub.d/10_linux ###\n"
+        'function gfxmode {\n\tset gfxpayload="${1}"\n\tif [ "${1}" = "keep" ]; then\n'
+        "\t\tset vt_handoff=vt.handoff=7\n\telse\n\t\tset vt_handoff=\n\tfi\n}\n"
+        "set linux_gfx_mode=\nexport linux_gfx_mode\n"
+    ) % default
+    if first is None:
+        first = linux_entry("Debian GNU/Linux", "gnulinux-simple-" + UUID, boot, VERSION, args)
+    submenu = (
+        "submenu 'Advanced options for Debian GNU/Linux' $menuentry_id_option 'gnulinux-advanced-%s' {\n" % UUID
+        + linux_entry("Debian GNU/Linux, with Linux %s" % VERSION, "gnulinux-%s-advanced-%s" % (VERSION, UUID),
+                      boot, VERSION, ARGS, indent="\t")
+        + linux_entry("Debian GNU/Linux, with Linux %s (recovery mode)" % VERSION,
+                      "gnulinux-%s-recovery-%s" % (VERSION, UUID), boot, VERSION,
+                      "root=UUID=%s ro single" % UUID, indent="\t")
+        + linux_entry("Debian GNU/Linux, with Linux %s" % OLD_VERSION,
+                      "gnulinux-%s-advanced-%s" % (OLD_VERSION, UUID), boot, OLD_VERSION, ARGS, indent="\t")
+        + "}\n\n### END /etc/grub.d/10_linux ###\n\n"
+    )
+    tail = (
+        "### BEGIN /etc/grub.d/20_linux_xen ###\n### END /etc/grub.d/20_linux_xen ###\n\n"
+        "### BEGIN /etc/grub.d/30_os-prober ###\n### END /etc/grub.d/30_os-prober ###\n\n"
+        "### BEGIN /etc/grub.d/30_uefi-firmware ###\n"
+        'if [ "$grub_platform" = "efi" ]; then\n\tfwsetup --is-supported\n\tif [ "$?" = 0 ]; then\n'
+        "\t\tmenuentry 'UEFI Firmware Settings' $menuentry_id_option 'uefi-firmware' {\n"
+        "\t\t\tfwsetup\n\t\t}\n\tfi\nfi\n### END /etc/grub.d/30_uefi-firmware ###\n\n"
+        "### BEGIN /etc/grub.d/40_custom ###\n"
+        "# This file provides an easy way to add custom menu entries.  Simply type the\n"
+        "# menu entries you want to add after this comment.  Be careful not to change\n"
+        "# the 'exec tail' line above.\n### END /etc/grub.d/40_custom ###\n\n"
+        "### BEGIN /etc/grub.d/41_custom ###\nif [ -f  ${config_directory}/custom.cfg ]; then\n"
+        "  source ${config_directory}/custom.cfg\n"
+        'elif [ -z "${config_directory}" -a -f  $prefix/custom.cfg ]; then\n'
+        "  source $prefix/custom.cfg\nfi\n### END /etc/grub.d/41_custom ###\n"
+    )
+    return head + first + submenu + tail
+
+
+class Host:
+    """A fake host: a root tree, a bin directory of fake commands, the log of the commands run."""
+
+    def __init__(self, base):
+        self.root = os.path.join(str(base), "root")
+        self.bin = os.path.join(str(base), "bin")
+        os.makedirs(self.root)
+        os.makedirs(self.bin)
+        os.symlink("/usr/bin/timeout", os.path.join(self.bin, "timeout"))
+        self.log = os.path.join(self.root, "calls.log")
+        self.write("/sys/kernel/kexec_loaded", "0\n")
+        self.write("/proc/sys/kernel/random/boot_id", "0f8b6e1c-3a5d-4f2e-9c7b-1d2e3f4a5b6c\n")
+        self.kexec = self.script("kexec", FAKE_KEXEC.format(python=sys.executable, root=self.root))
+
+    def path(self, path):
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def write(self, path, text):
+        full = self.path(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w" if isinstance(text, str) else "wb") as handle:
+            handle.write(text)
+        return full
+
+    def read(self, path):
+        with open(self.path(path)) as handle:
+            return handle.read()
+
+    def exists(self, path):
+        return os.path.exists(self.path(path))
+
+    def remove(self, path):
+        os.unlink(self.path(path))
+
+    def script(self, name, body):
+        full = os.path.join(self.bin, name)
+        with open(full, "w") as handle:
+            handle.write(body)
+        os.chmod(full, 0o755)
+        return full
+
+    def calls(self):
+        if not os.path.exists(self.log):
+            return []
+        with open(self.log) as handle:
+            return [line.rstrip("\n").split("\t") for line in handle]
+
+    def kexec_calls(self):
+        return [call[1:] for call in self.calls() if call[0] == "kexec"]
+
+    def marker(self):
+        return json.loads(self.read(_kexec.MARKER)) if self.exists(_kexec.MARKER) else None
+
+    def mode(self, mode):
+        self.write("/kexec-mode", mode + "\n")
+
+    def grubby(self, info=GRUBBY_INFO):
+        self.write("/grubby-info", info)
+        return self.script("grubby", FAKE_GRUBBY.format(python=sys.executable, root=self.root))
+
+
+def run(host, check=False, diff=False, **params):
+    """Run the module on ``host``; return the result with ``failed`` and the ``warnings`` it gave."""
+    warnings = []
+
+    def get_bin_path(self, arg, required=False, opt_dirs=None):
+        candidate = os.path.join(host.bin, arg)
+        return candidate if os.path.exists(candidate) else None
+
+    params = dict(params, _ansible_check_mode=check, _ansible_diff=diff)
+    result = None
+    with mock.patch.multiple(basic.AnsibleModule, get_bin_path=get_bin_path,
+                             warn=lambda self, text: warnings.append(text)), \
+            mock.patch.object(kexec_load, "ROOT", host.root), patch_module_args(params):
+        try:
+            kexec_load.main()
+        except ModuleExit as done:
+            result = dict(done.result, failed=False)
+        except ModuleFail as failed:
+            result = dict(failed.result)
+    if result is None:
+        raise AssertionError("the module returned without exit_json or fail_json")
+    result["warnings"] = warnings
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _exits(monkeypatch):
+    raise_on_exit(monkeypatch)
+
+
+def debian(tmp_path, boot="/boot", **cfg):
+    host = Host(tmp_path)
+    host.write("/etc/default/grub", "GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n")
+    host.script("update-grub", "#!/bin/sh\nexit 0\n")
+    host.write("/boot/grub/grub.cfg", debian_grub_cfg(boot=boot, **cfg))
+    for version in (VERSION, OLD_VERSION):
+        host.write("/boot/vmlinuz-%s" % version, b"MZ kernel " + version.encode())
+        host.write("/boot/initrd.img-%s" % version, b"initramfs " + version.encode())
+    return host
+
+
+def load_call(host, version=VERSION, args=ARGS, file_syscall=False):
+    return (["--kexec-file-syscall"] if file_syscall else []) + [
+        "--load", host.path("/boot/vmlinuz-%s" % version), "--initrd=" + host.path("/boot/initrd.img-%s" % version),
+        "--command-line=" + args]
+
+
+# --------------------------------------------------------------------------- grub (Debian 12)
+
+def test_debian_loads_the_first_entry(tmp_path):
+    host = debian(tmp_path)
+    result = run(host)
+    assert not result["failed"], result
+    assert result["changed"] is True and result["loadable"] is True
+    assert "reason" not in result
+    assert result["backend"] == "grub"
+    assert result["entry"] == "Debian GNU/Linux"
+    assert result["kernel"] == "/boot/vmlinuz-%s" % VERSION
+    assert result["initrd"] == "/boot/initrd.img-%s" % VERSION
+    assert result["cmdline"] == ARGS  # as in the entry: no BOOT_IMAGE=
+    assert host.kexec_calls() == [load_call(host)]
+    assert host.read("/sys/kernel/kexec_loaded") == "1\n"
+    marker = host.marker()
+    assert marker["kernel"] == result["kernel"] and marker["cmdline"] == ARGS and marker["file_syscall"] is False
+    assert marker["boot_id"] == "0f8b6e1c-3a5d-4f2e-9c7b-1d2e3f4a5b6c"
+
+
+def test_debian_second_run_loads_nothing(tmp_path):
+    host = debian(tmp_path)
+    run(host)
+    again = run(host, diff=True)
+    assert again["changed"] is False and again["loadable"] is True
+    assert len(host.kexec_calls()) == 1
+    assert again["diff"]["before"] == again["diff"]["after"] != ""
+
+
+def test_separate_boot_partition_paths_are_found_under_boot(tmp_path):
+    host = debian(tmp_path, boot="")
+    assert "linux\t/vmlinuz-%s" % VERSION in host.read("/boot/grub/grub.cfg")
+    result = run(host)
+    assert result["loadable"] is True, result
+    assert result["kernel"] == "/boot/vmlinuz-%s" % VERSION
+    assert result["initrd"] == "/boot/initrd.img-%s" % VERSION
+    assert host.kexec_calls() == [load_call(host)]
+
+
+def test_separate_boot_mount_point_is_looked_in_first(tmp_path, monkeypatch):
+    host = debian(tmp_path, boot="")
+    host.write("/vmlinuz-%s" % VERSION, "an unrelated file in the root file system")
+    assert _kexec.resolve_boot_path(host.root, "/vmlinuz-%s" % VERSION, "kernel") == "/vmlinuz-%s" % VERSION
+    boot = host.path("/boot")
+    monkeypatch.setattr(_kexec.os.path, "ismount", lambda path: os.path.normpath(path) == boot)
+    assert _kexec.resolve_boot_path(host.root, "/vmlinuz-%s" % VERSION, "kernel") == "/boot/vmlinuz-%s" % VERSION
+
+
+def test_missing_kernel_file_is_not_loadable(tmp_path):
+    host = debian(tmp_path)
+    host.remove("/boot/vmlinuz-%s" % VERSION)
+    result = run(host)
+    assert result["loadable"] is False and result["changed"] is False and not result["failed"]
+    assert "vmlinuz-%s is not there" % VERSION in result["reason"]
+    assert host.kexec_calls() == []
+
+
+def test_default_1_is_not_loadable(tmp_path):
+    host = debian(tmp_path, default='"1"')
+    result = run(host)
+    assert not result["failed"] and result["changed"] is False
+    assert result["loadable"] is False
+    assert "number 1" in result["reason"] and "not the first entry" in result["reason"]
+    assert "Advanced options" in result["reason"]
+    assert host.kexec_calls() == []
+
+
+@pytest.mark.parametrize("saved, loadable, words", [
+    (None, True, None),
+    ("", True, None),
+    ("0", True, None),
+    ("gnulinux-simple-" + UUID, True, None),
+    ("Debian GNU/Linux", True, None),
+    ("gnulinux-advanced-%s>gnulinux-%s-advanced-%s" % (UUID, OLD_VERSION, UUID), False, "inside a submenu"),
+    ("Debian GNU/Linux, with Linux %s" % OLD_VERSION, False, "names no top-level entry"),
+    ("1", False, "not the first entry"),
+])
+def test_saved_entry(tmp_path, saved, loadable, words):
+    host = debian(tmp_path, default='"${saved_entry}"')
+    if saved is not None:
+        host.write("/boot/grub/grubenv", "# GRUB Environment Block\nsaved_entry=%s\n%s" % (saved, "#" * 900))
+    result = run(host)
+    assert not result["failed"], result
+    assert result["loadable"] is loadable
+    if loadable:
+        assert host.kexec_calls() == [load_call(host)]
+    else:
+        assert words in result["reason"] and "saved_entry" in result["reason"]
+        assert host.kexec_calls() == []
+
+
+def test_next_entry_of_grub_reboot_wins(tmp_path):
+    host = debian(tmp_path)
+    host.write("/boot/grub/grubenv", "# GRUB Environment Block\nnext_entry=1\n" + "#" * 1000)
+    result = run(host)
+    assert result["loadable"] is False and "next_entry" in result["reason"] and "grub-reboot" in result["reason"]
+    host.write("/boot/grub/grubenv", "# GRUB Environment Block\nnext_entry=gnulinux-simple-%s\n" % UUID)
+    assert run(host)["loadable"] is True
+
+
+def test_a_default_of_another_variable_is_not_loadable(tmp_path):
+    host = debian(tmp_path, default='"${chosen}"')
+    result = run(host)
+    assert result["loadable"] is False and "${chosen}" in result["reason"]
+
+
+def test_vt_handoff_is_dropped_with_a_warning(tmp_path):
+    host = debian(tmp_path, args="root=UUID=%s ro  quiet splash $vt_handoff" % UUID)
+    result = run(host)
+    assert result["loadable"] is True, result
+    assert result["cmdline"] == "root=UUID=%s ro quiet splash" % UUID
+    assert any("${vt_handoff}" in w and "dropped" in w for w in result["warnings"])
+
+
+def test_a_variable_inside_an_argument_is_not_loadable(tmp_path):
+    host = debian(tmp_path, args="root=UUID=%s ro console=${serial}" % UUID)
+    result = run(host)
+    assert result["loadable"] is False and "console=${serial}" in result["reason"]
+
+
+def test_quoted_arguments_are_given_as_grub_gives_them(tmp_path):
+    host = debian(tmp_path, args="root=UUID=%s ro 'dyndbg=file x.c +p' \"a\\\"b\"" % UUID)
+    result = run(host)
+    assert result["cmdline"] == 'root=UUID=%s ro "dyndbg=file x.c +p" a\\"b' % UUID
+
+
+@pytest.mark.parametrize("command", ["linux16", "linuxefi"])
+def test_linux_variants(tmp_path, command):
+    host = debian(tmp_path)
+    cfg = host.read("/boot/grub/grub.cfg").replace("\tlinux\t", "\t%s\t" % command, 1)
+    host.write("/boot/grub/grub.cfg", cfg.replace("\tinitrd\t", "\t%s\t" % command.replace("linux", "initrd"), 1))
+    result = run(host)
+    assert result["loadable"] is True and result["cmdline"] == ARGS
+    assert host.kexec_calls() == [load_call(host)]
+
+
+def test_several_initrd_lines_are_not_loadable(tmp_path):
+    first = linux_entry("Debian GNU/Linux", "gnulinux-simple-" + UUID, "/boot", VERSION, ARGS,
+                        extra="\tinitrd\t/boot/intel-ucode.img\n")
+    host = debian(tmp_path, first=first)
+    result = run(host)
+    assert result["loadable"] is False and "2 initrd lines" in result["reason"]
+
+
+def test_several_initrd_files_are_not_loadable(tmp_path):
+    host = debian(tmp_path)
+    cfg = host.read("/boot/grub/grub.cfg").replace("\tinitrd\t/boot/initrd", "\tinitrd\t/boot/ucode.img /boot/initrd", 1)
+    host.write("/boot/grub/grub.cfg", cfg)
+    result = run(host)
+    assert result["loadable"] is False and "2 initramfs files" in result["reason"]
+    assert result["kernel"] == "/boot/vmlinuz-%s" % VERSION
+
+
+def test_linux_lines_in_a_condition_are_not_loadable(tmp_path):
+    first = ("menuentry 'Debian GNU/Linux' {\n\tif [ x$grub_platform = xefi ]; then\n"
+             "\t\tlinuxefi /boot/vmlinuz-%s %s\n\telse\n\t\tlinux16 /boot/vmlinuz-%s %s\n\tfi\n}\n"
+             % (VERSION, ARGS, VERSION, ARGS))
+    host = debian(tmp_path, first=first)
+    result = run(host)
+    assert result["loadable"] is False and "2 linux lines" in result["reason"]
+    host.write("/boot/grub/grub.cfg", debian_grub_cfg(first=first.replace("\telse\n\t\tlinux16 /boot/vmlinuz-%s %s\n"
+                                                                          % (VERSION, ARGS), "")))
+    result = run(host)
+    assert result["loadable"] is False and "inside an if/while block" in result["reason"]
+
+
+def test_grub_cfg_without_menuentry(tmp_path):
+    host = debian(tmp_path)
+    host.write("/boot/grub/grub.cfg", "set default=\"${saved_entry}\"\ninsmod blscfg\nblscfg\n")
+    result = run(host)
+    assert result["loadable"] is False and "no menuentry" in result["reason"] and "blscfg" in result["reason"]
+
+
+def test_grub_cfg_broken_braces_are_not_loadable(tmp_path):
+    host = debian(tmp_path)
+    host.write("/boot/grub/grub.cfg", "menuentry 'Debian' {\n\tlinux /boot/vmlinuz-%s ro\n" % VERSION)
+    result = run(host)
+    assert result["loadable"] is False and "not closed" in result["reason"]
+
+
+# --------------------------------------------------------------------------- grubby (RHEL)
+
+def rhel(tmp_path, info=GRUBBY_INFO):
+    host = Host(tmp_path)
+    host.grubby(info)
+    host.write("/boot/vmlinuz-%s" % RHEL_VERSION, "kernel")
+    host.write("/boot/initramfs-%s.img" % RHEL_VERSION, "initramfs")
+    host.write("/boot/grub2/grubenv", "# GRUB Environment Block\nsaved_entry=x\ntuned_params=skew_tick=1\n"
+               "tuned_initrd=\n" + "#" * 800)
+    return host
+
+
+def test_grubby_default_entry(tmp_path):
+    host = rhel(tmp_path)
+    result = run(host)
+    assert result["loadable"] is True, result
+    assert result["backend"] == "grubby"
+    assert result["entry"] == "Red Hat Enterprise Linux (5.14.0-427.13.1.el9_4.x86_64) 9.4 (Plow)"
+    cmdline = ("root=/dev/mapper/rhel-root ro crashkernel=1G-4G:192M,4G-64G:256M,64G-:512M "
+               "resume=/dev/mapper/rhel-swap rd.lvm.lv=rhel/root intel_iommu=on iommu=pt skew_tick=1")
+    assert result["cmdline"] == cmdline
+    assert result["initrd"] == "/boot/initramfs-%s.img" % RHEL_VERSION
+    assert [c for c in host.calls() if c[0] == "grubby"] == [["grubby", "--info=DEFAULT"]]
+    assert host.kexec_calls() == [["--load", host.path("/boot/vmlinuz-%s" % RHEL_VERSION),
+                                   "--initrd=" + host.path("/boot/initramfs-%s.img" % RHEL_VERSION),
+                                   "--command-line=" + cmdline]]
+    assert any("$tuned_initrd" in w for w in result["warnings"])
+
+
+def test_grubby_failure_is_not_loadable(tmp_path):
+    host = rhel(tmp_path)
+    host.write("/grubby-fail", "")
+    result = run(host)
+    assert not result["failed"] and result["loadable"] is False
+    assert "rc=1" in result["reason"] and "is incorrect" in result["reason"]
+    assert host.kexec_calls() == []
+
+
+def test_grubby_non_linux_default(tmp_path):
+    host = rhel(tmp_path, info='index=0\nkernel="non linux entry"\n')
+    result = run(host)
+    assert result["loadable"] is False and "no Linux kernel" in result["reason"]
+
+
+# --------------------------------------------------------------------------- BLS
+
+def bls(tmp_path, versions=("6.9.9-200.fc40.x86_64", "6.9.10-200.fc40.x86_64", "6.8.11-300.fc40.x86_64")):
+    host = Host(tmp_path)
+    host.write("/etc/kernel/cmdline", "root=UUID=%s ro\n" % UUID)
+    for version in versions:
+        host.write("/boot/loader/entries/abc-%s.conf" % version,
+                   "title Fedora Linux (%s)\nversion %s\nmachine-id abc\nsort-key fedora\n"
+                   "linux /vmlinuz-%s\ninitrd /initramfs-%s.img\noptions root=UUID=%s ro\noptions  rhgb quiet\n"
+                   % (version, version, version, version, UUID))
+        host.write("/boot/vmlinuz-%s" % version, "kernel")
+        host.write("/boot/initramfs-%s.img" % version, "initramfs")
+    return host
+
+
+def test_bls_newest_entry_without_a_default(tmp_path):
+    host = bls(tmp_path)
+    result = run(host)
+    assert result["loadable"] is True and result["backend"] == "bls"
+    assert result["entry"] == "Fedora Linux (6.9.10-200.fc40.x86_64)"
+    assert result["kernel"] == "/boot/vmlinuz-6.9.10-200.fc40.x86_64"
+    assert result["initrd"] == "/boot/initramfs-6.9.10-200.fc40.x86_64.img"
+    assert result["cmdline"] == "root=UUID=%s ro rhgb quiet" % UUID
+
+
+def test_bls_loader_conf_default_glob(tmp_path):
+    host = bls(tmp_path)
+    host.write("/boot/loader/loader.conf", "timeout 3\ndefault abc-6.8*\n")
+    result = run(host)
+    assert result["kernel"] == "/boot/vmlinuz-6.8.11-300.fc40.x86_64"
+    host.write("/boot/loader/loader.conf", "default nothing-*\n")
+    result = run(host)
+    assert result["loadable"] is False and "nothing-*" in result["reason"]
+
+
+def test_bls_efi_variable_wins_over_loader_conf(tmp_path):
+    host = bls(tmp_path)
+    host.write("/boot/loader/loader.conf", "default abc-6.8*\n")
+    host.write("/sys/firmware/efi/efivars/LoaderEntryDefault-" + _kexec.LOADER_GUID,
+               b"\x07\x00\x00\x00" + "abc-6.9.9-200.fc40.x86_64.conf\x00".encode("utf-16-le"))
+    result = run(host)
+    assert result["kernel"] == "/boot/vmlinuz-6.9.9-200.fc40.x86_64"
+
+
+def test_bls_grubenv_saved_entry(tmp_path):
+    host = bls(tmp_path)
+    host.write("/boot/grub2/grubenv", "# GRUB Environment Block\nsaved_entry=abc-6.9.9-200.fc40.x86_64\n")
+    result = run(host, backend="bls")
+    assert result["kernel"] == "/boot/vmlinuz-6.9.9-200.fc40.x86_64"
+    host.write("/boot/grub2/grubenv", "# GRUB Environment Block\nsaved_entry=gone\n")
+    assert "gone" in run(host, backend="bls")["reason"]
+
+
+def test_bls_no_entries(tmp_path):
+    host = Host(tmp_path)
+    result = run(host, backend="bls")
+    assert result["loadable"] is False and "no boot entry" in result["reason"]
+
+
+# --------------------------------------------------------------------------- backend choice
+
+def test_auto_finds_nothing(tmp_path):
+    host = Host(tmp_path)
+    result = run(host)
+    assert result["loadable"] is False and result["backend"] is None
+    assert "cannot tell how this host boots" in result["reason"]
+
+
+def test_auto_prefers_grubby_and_an_explicit_backend_wins(tmp_path):
+    host = debian(tmp_path)
+    host.grubby()
+    assert run(host, check=True)["backend"] == "grubby"
+    assert run(host, check=True, backend="grub")["backend"] == "grub"
+
+
+def test_auto_grub2_mkconfig_means_bls(tmp_path):
+    host = bls(tmp_path)
+    host.remove("/etc/kernel/cmdline")
+    os.rename(host.path("/boot/loader/entries"), host.path("/boot/loader/other"))
+    assert run(host)["reason"].startswith("cannot tell")
+    os.rename(host.path("/boot/loader/other"), host.path("/boot/loader/entries"))
+    host.write("/etc/default/grub", "GRUB_DEFAULT=saved\n")
+    host.script("grub2-mkconfig", "#!/bin/sh\nexit 0\n")
+    assert run(host)["backend"] == "bls"
+
+
+# --------------------------------------------------------------------------- kexec itself
+
+def test_kexec_missing_is_not_loadable(tmp_path):
+    host = debian(tmp_path)
+    os.unlink(host.kexec)
+    result = run(host)
+    assert not result["failed"] and result["changed"] is False and result["loadable"] is False
+    assert "kexec is not installed" in result["reason"]
+    assert result["kernel"] == "/boot/vmlinuz-%s" % VERSION  # what would have been loaded is still reported
+
+
+def test_kernel_without_kexec_is_not_loadable(tmp_path):
+    host = debian(tmp_path)
+    host.remove("/sys/kernel/kexec_loaded")
+    result = run(host)
+    assert result["loadable"] is False and "/sys/kernel/kexec_loaded does not exist" in result["reason"]
+    assert host.kexec_calls() == []
+
+
+def test_secure_boot_retries_with_kexec_file_load(tmp_path):
+    host = debian(tmp_path)
+    host.mode("eperm")
+    result = run(host)
+    assert result["loadable"] is True and result["changed"] is True, result
+    assert host.kexec_calls() == [load_call(host), load_call(host, file_syscall=True)]
+    assert host.marker()["file_syscall"] is True
+    assert "kexec_file_load" in result["msg"]
+
+
+def test_secure_boot_refusing_both_is_not_loadable(tmp_path):
+    host = debian(tmp_path)
+    host.mode("eperm-all")
+    result = run(host)
+    assert not result["failed"] and result["loadable"] is False and result["changed"] is False
+    assert "Operation not permitted" in result["reason"] and "Key was rejected" in result["reason"]
+    assert len(host.kexec_calls()) == 2 and host.marker() is None
+
+
+def test_other_kexec_failure_fails(tmp_path):
+    host = debian(tmp_path)
+    host.mode("fail")
+    result = run(host)
+    assert result["failed"] is True
+    assert result["rc"] == 1 and "Cannot determine the file type" in result["stderr"]
+    assert "--load" in result["msg"] and "rc=1" in result["msg"] and "Cannot determine" in result["msg"]
+    assert result["cmd"][-4:] == load_call(host)
+    assert len(host.kexec_calls()) == 1
+
+
+def test_failed_load_unloads_the_image_loaded_before(tmp_path):
+    host = debian(tmp_path)
+    run(host)
+    host.write("/boot/grub/grub.cfg", debian_grub_cfg(args=ARGS + " nomodeset"))
+    host.mode("fail-load")
+    result = run(host)
+    assert result["failed"] is True and "Cannot determine the file type" in result["msg"]
+    assert "unloaded the kexec image loaded before" in result["msg"]
+    assert host.kexec_calls()[-1] == ["--unload"] and host.marker() is None
+    host.write("/sys/kernel/kexec_loaded", "1\n")
+    host.mode("fail")
+    result = run(host)
+    assert "Cannot determine the file type" in result["msg"] and "unloading the kexec image failed" in result["msg"]
+    assert result["rc"] == 1 and result["cmd"][-4:] == load_call(host, args=ARGS + " nomodeset")
+
+
+def test_kexec_that_hangs_is_stopped(tmp_path):
+    host = debian(tmp_path)
+    host.mode("hang")
+    result = run(host, command_timeout=1)
+    assert result["failed"] is True and "did not finish within 1 seconds" in result["msg"]
+
+
+def test_marker_matching_means_no_change(tmp_path):
+    host = debian(tmp_path)
+    run(host)
+    assert run(host)["changed"] is False
+    # The kernel lost the image (kexec -u by hand): loaded again.
+    host.write("/sys/kernel/kexec_loaded", "0\n")
+    assert run(host)["changed"] is True
+    # The initramfs was rebuilt since: loaded again.
+    os.utime(host.path("/boot/initrd.img-%s" % VERSION), ns=(1, 1))
+    assert run(host)["changed"] is True
+    # The command line changed in grub.cfg: loaded again, the new one.
+    host.write("/boot/grub/grub.cfg", debian_grub_cfg(args=ARGS + " vfio-pci.ids=10de:2236"))
+    result = run(host)
+    assert result["changed"] is True and host.kexec_calls()[-1] == load_call(host, args=ARGS + " vfio-pci.ids=10de:2236")
+    assert len(host.kexec_calls()) == 4
+
+
+def test_an_image_not_loaded_by_the_module_is_replaced(tmp_path):
+    host = debian(tmp_path)
+    host.write("/sys/kernel/kexec_loaded", "1\n")
+    result = run(host, diff=True)
+    assert result["changed"] is True and host.kexec_calls() == [load_call(host)]
+    assert "did not load" in result["diff"]["before"] and ARGS in result["diff"]["after"]
+
+
+def test_check_mode_runs_no_kexec(tmp_path):
+    host = debian(tmp_path)
+    result = run(host, check=True, diff=True)
+    assert result["changed"] is True and result["loadable"] is True
+    assert result["kernel"] == "/boot/vmlinuz-%s" % VERSION and result["cmdline"] == ARGS
+    assert host.kexec_calls() == [] and host.marker() is None
+    assert host.read("/sys/kernel/kexec_loaded") == "0\n"
+    assert result["diff"]["before"] == "" and "cmdline: %s" % ARGS in result["diff"]["after"]
+
+
+def test_not_loadable_unloads_an_image_loaded_before(tmp_path):
+    host = debian(tmp_path)
+    run(host)
+    host.write("/boot/grub/grub.cfg", debian_grub_cfg(default='"1"'))
+    check = run(host, check=True)
+    assert check["changed"] is True and "would unload" in check["msg"] and len(host.kexec_calls()) == 1
+    result = run(host, diff=True)
+    assert result["loadable"] is False and result["changed"] is True
+    assert host.kexec_calls()[-1] == ["--unload"]
+    assert host.marker() is None and host.read("/sys/kernel/kexec_loaded") == "0\n"
+    assert result["diff"]["after"] == "" and "unloaded" in " ".join(result["warnings"])
+    assert run(host)["changed"] is False
+
+
+# --------------------------------------------------------------------------- state=unloaded
+
+def test_unloaded(tmp_path):
+    host = debian(tmp_path)
+    run(host)
+    check = run(host, state="unloaded", check=True)
+    assert check["changed"] is True and len(host.kexec_calls()) == 1
+    result = run(host, state="unloaded", diff=True)
+    assert result["changed"] is True and result["kernel"] == "/boot/vmlinuz-%s" % VERSION
+    assert host.kexec_calls()[-1] == ["--unload"]
+    assert host.marker() is None and result["diff"]["after"] == ""
+    again = run(host, state="unloaded")
+    assert again["changed"] is False and len(host.kexec_calls()) == 2
+
+
+def test_unloaded_retries_with_kexec_file_load_and_fails_cleanly(tmp_path):
+    host = debian(tmp_path)
+    host.write("/sys/kernel/kexec_loaded", "1\n")
+    host.mode("eperm")
+    assert run(host, state="unloaded")["changed"] is True
+    assert host.kexec_calls() == [["--unload"], ["--kexec-file-syscall", "--unload"]]
+    host.write("/sys/kernel/kexec_loaded", "1\n")
+    host.mode("eperm-all")
+    result = run(host, state="unloaded")
+    assert result["failed"] is True and "unloading the kexec image failed" in result["msg"]
+
+
+# --------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("args, words", [
+    ({"state": "gone"}, "state"),
+    ({"backend": "lilo"}, "backend"),
+    ({"command_timeout": 0}, "command_timeout must be a positive"),
+    ({"command_timeout": -5}, "command_timeout must be a positive"),
+    ({"command_timeout": 3601}, "command_timeout must be 1 to 3600"),
+    ({"command_timeout": "inf"}, "command_timeout"),
+    ({"command_timeout": "9" * 40}, "command_timeout"),
+    ({"command_timeout": True}, "command_timeout"),
+    ({"command_timeout": "soon"}, "command_timeout"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_bad_input_fails_before_anything_runs(tmp_path, args, words):
+    host = debian(tmp_path)
+    result = run(host, **args)
+    assert result["failed"] is True and words in result["msg"], result
+    assert host.calls() == [] and host.marker() is None
+
+
+# --------------------------------------------------------------------------- helpers
+
+def test_vercmp():
+    assert _kexec.vercmp("6.9.10", "6.9.9") == 1
+    assert _kexec.vercmp("6.9.9", "6.9.10") == -1
+    assert _kexec.vercmp("6.9~rc1", "6.9") == -1
+    assert _kexec.vercmp("6.9.1", "6.9.a") == 1
+    assert _kexec.vercmp("6.9", "6.9") == 0
+
+
+def test_grub_lexer_words():
+    words = _kexec.lex_grub("linux /a 'b c' \"d\\\"$x\" e\\ f $y ${z}#not-a-comment # comment\n")
+    words = [w for w in words if w is not _kexec._SEPARATOR]
+    assert [str(w) for w in words] == ["linux", "/a", "b c", 'd"${x}', "e f", "${y}", "${z}#not-a-comment"]
+    assert words[5].only_variable == "y" and words[3].literal is None and words[2].literal == "b c"
+
+
+# --------------------------------------------------------------------------- never a traceback
+
+HOSTILE = hs.sampled_from([None, "", " ", "\x00", "ü", "inf", "-1", "1e3", "0x10", [], {}, ["a"], {"a": 1},
+                           True, False, 10 ** 30, -(10 ** 30), 1.5, "loaded\n", "$(reboot)"])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=hs.fixed_dictionaries({
+    "state": hs.one_of(hs.sampled_from(["loaded", "unloaded"]), hs.sampled_from(["LOADED"]), HOSTILE),
+}, optional={
+    "backend": hs.one_of(hs.sampled_from(["auto", "grub", "grubby", "bls", "grub2"]), HOSTILE),
+    "command_timeout": hs.one_of(hs.integers(min_value=-2, max_value=5), hs.text(max_size=3), HOSTILE),
+}), check=hs.booleans(), loaded=hs.sampled_from(["0\n", "1\n", None]), mode=hs.sampled_from(["ok", "eperm", "fail"]))
+def test_fuzz_never_raises(tmp_path_factory, args, check, loaded, mode):
+    host = debian(tmp_path_factory.mktemp("fuzz"))
+    host.mode(mode)
+    if loaded is None:
+        host.remove("/sys/kernel/kexec_loaded")
+    else:
+        host.write("/sys/kernel/kexec_loaded", loaded)
+    result = run(host, check=check, **args)
+    assert isinstance(result["msg"], str) and result["msg"]
+    assert "Traceback" not in result["msg"] and "please report" not in result["msg"], result["msg"]
+    if not result["failed"]:
+        assert isinstance(result["changed"], bool)
+        if check:
+            assert host.kexec_calls() == []
