@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -36,6 +35,12 @@ import sys
 import tempfile
 import threading
 import time
+
+# labcommon.py lies beside this script: importable whether the script runs or is loaded from its path.
+LAB_DIR = os.path.dirname(os.path.abspath(__file__))
+if LAB_DIR not in sys.path:
+    sys.path.insert(0, LAB_DIR)
+from labcommon import Lab, add_command, free_ports, port_free, read_json, utc_now  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("GPUOPS_LAB_CACHE") or os.path.join(TOP, ".cache", "lab")
@@ -68,27 +73,9 @@ class LabError(Exception):
     """An error the user can act on; printed without a traceback."""
 
 
-def log(msg):
-    print("gpulab: " + msg, flush=True)
-
-
-def run(cmd, timeout=600, check=True, capture=True, env=None, input_text=None):
-    """Run a command (list) with a timeout; raise LabError with its output when it fails."""
-    try:
-        proc = subprocess.run(
-            cmd, timeout=timeout, check=False, text=True, input=input_text,
-            stdout=subprocess.PIPE if capture else None,
-            stderr=subprocess.PIPE if capture else None,
-            env=env, stdin=None if input_text is not None else subprocess.DEVNULL,
-        )
-    except FileNotFoundError:
-        raise LabError("command not found: %s" % cmd[0])
-    except subprocess.TimeoutExpired:
-        raise LabError("command timed out after %ss: %s" % (timeout, " ".join(cmd)))
-    if check and proc.returncode != 0:
-        tail = ((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-15:]
-        raise LabError("command failed (rc=%s): %s\n%s" % (proc.returncode, " ".join(cmd), "\n".join(tail)))
-    return proc
+# Log lines go to stdout; a failed command's error carries the last 15 lines of its output.
+LAB = Lab("gpulab", LabError, log_to="stdout", run_tail=15)
+log, run, locked = LAB.log, LAB.run, LAB.locked
 
 
 def need_tools(*names):
@@ -98,19 +85,6 @@ def need_tools(*names):
             "missing tools: %s. Run `make hostdeps` (as root it installs them with apt-get) or install "
             "qemu-system-x86, qemu-utils, debootstrap, fdisk, e2fsprogs and openssh-client." % ", ".join(missing)
         )
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold an exclusive lock file so two lab commands do not act on the same VMs at once."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log("another gpulab command holds %s; waiting for it" % os.path.basename(path))
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,7 +429,7 @@ def build_image():
     os.replace(disk, final)
     manifest = {
         "recipe": RECIPE_VERSION, "kernel": kver, "size": os.path.getsize(final),
-        "head_sha256": head_digest(final), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "head_sha256": head_digest(final), "built": utc_now(),
         "build_seconds": round(time.time() - started, 1), "cmdline": IMAGE_CMDLINE,
         "id": hashlib.sha256(("%s-%s" % (time.time(), os.getpid())).encode()).hexdigest()[:12],
     }
@@ -528,13 +502,9 @@ def choose_accel(kernel=None, initrd=None):
         return "tcg"
     cache = os.path.join(CACHE, "accel.json")
     key = accel_cache_key()
-    try:
-        with open(cache) as handle:
-            known = json.load(handle)
-        if known.get("key") == key and known.get("accel") in ("kvm", "tcg"):
-            return known["accel"]
-    except (OSError, ValueError):
-        pass
+    known = read_json(cache)
+    if known.get("key") == key and known.get("accel") in ("kvm", "tcg"):
+        return known["accel"]
     # Without a loose kernel at hand, the probe boots the cached image itself through grub.
     accel = "kvm" if probe_kvm(kernel, initrd) else "tcg"
     log("KVM %s; using %s" % ("works" if accel == "kvm" else "did not boot a kernel in time", accel))
@@ -582,11 +552,7 @@ class Vm:
 
     # -- recorded state -----------------------------------------------------------------------
     def meta(self):
-        try:
-            with open(self.meta_path) as handle:
-                return json.load(handle)
-        except (OSError, ValueError):
-            return {}
+        return read_json(self.meta_path)
 
     def save_meta(self, **values):
         data = self.meta()
@@ -670,7 +636,7 @@ class Vm:
                 log("%s: port %d is taken by another program; using a free one" % (self.name, port))
                 port = None
             if not port or attempt:
-                port = free_port()
+                port = free_ports(1)[0]
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.pidfile)
             with contextlib.suppress(FileNotFoundError):
@@ -721,21 +687,6 @@ class Vm:
         for path in (self.pidfile, self.qmp):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-
-
-def port_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ssh_key():
@@ -944,20 +895,17 @@ def cmd_inventory(_args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="gpulab", description=__doc__.split("\n\n", maxsplit=1)[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("image", help="build the base image unless a valid one is cached")
+    parser, sub = LAB.parser(__doc__)
+    p = add_command(sub, "image", cmd_image, "build the base image unless a valid one is cached")
     p.add_argument("--rebuild", action="store_true", help="rebuild even when a valid image is cached")
     p.add_argument("--verify", action="store_true", help="only check the cached image")
-    p.set_defaults(func=cmd_image)
     for name, func, text in (("start", cmd_start, "start lab hosts (a no-op for running ones)"),
                              ("stop", cmd_stop, "power lab hosts off"),
                              ("reset", cmd_reset, "discard a host's changes: back to the pristine image"),
                              ("status", cmd_status, "show the state of every lab host")):
-        p = sub.add_parser(name, help=text)
+        p = add_command(sub, name, func, text, timeout=BOOT_TIMEOUT)
         p.add_argument("hosts", nargs="*", help="lab hosts (default: all in inventories/lab/hosts.yml%s)" % (
             "; hosts with gpulab_autostart: false only when named" if name == "start" else ""))
-        p.set_defaults(func=func, timeout=BOOT_TIMEOUT)
         if name in ("start", "reset"):
             p.add_argument("--timeout", type=int, default=BOOT_TIMEOUT, help="seconds to wait for SSH")
         if name == "stop":
@@ -966,31 +914,12 @@ def main(argv=None):
             p.add_argument("--no-start", action="store_true", help="leave reset hosts stopped")
         if name == "status":
             p.add_argument("--json", action="store_true")
-    p = sub.add_parser("info", help="connection details of one host, as JSON")
-    p.add_argument("host")
-    p.set_defaults(func=cmd_info)
-    p = sub.add_parser("ssh", help="open a shell (or run a command) on a lab host")
+    add_command(sub, "info", cmd_info, "connection details of one host, as JSON").add_argument("host")
+    p = add_command(sub, "ssh", cmd_ssh, "open a shell (or run a command) on a lab host")
     p.add_argument("host")
     p.add_argument("command", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_ssh)
-    p = sub.add_parser("inventory", help="rewrite inventories/lab/zz-lab-connection.yml")
-    p.set_defaults(func=cmd_inventory)
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except LabError as exc:
-        print("gpulab: error: %s" % exc, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("gpulab: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # pylint: disable=broad-except
-        if os.environ.get("GPULAB_DEBUG"):
-            raise
-        print("gpulab: unexpected error: %s: %s (set GPULAB_DEBUG=1 for a traceback)"
-              % (type(exc).__name__, exc), file=sys.stderr)
-        return 1
-    return 0
+    add_command(sub, "inventory", cmd_inventory, "rewrite inventories/lab/zz-lab-connection.yml")
+    return LAB.main(parser, argv)
 
 
 if __name__ == "__main__":

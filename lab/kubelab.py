@@ -22,20 +22,15 @@ of its own, so several run at once.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import concurrent.futures
 import contextlib
-import fcntl
-import hashlib
 import http.client
 import importlib.util
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -45,6 +40,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+# labcommon.py lies beside this script: importable whether the script runs or is loaded from its path.
+LAB_DIR = os.path.dirname(os.path.abspath(__file__))
+if LAB_DIR not in sys.path:
+    sys.path.insert(0, LAB_DIR)
+from labcommon import (Lab, add_command, free_ports, proc_stat, read_json, sha256_file, spawn,  # noqa: E402
+                       stop_process, tail_file, utc_now, write_json, write_text)
+# kubelab itself needs no port_free; its unit tests check free_ports with it.
+from labcommon import port_free  # noqa: E402,F401 pylint: disable=unused-import
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("GPUOPS_KUBE_CACHE") or os.path.join(TOP, ".cache", "kube")
@@ -76,60 +80,16 @@ NOBODY_USER = "gpuops-unauthorised"
 # Admission plugins that only make sense with controllers this lab does not run: ServiceAccount
 # rejects pods until a controller has created the namespace's `default` service account.
 DISABLED_ADMISSION = ("ServiceAccount",)
+# How many lines of its log the error of an etcd or kube-apiserver that did not start carries.
+LOG_TAIL = 25
 
 
 class KubeLabError(Exception):
     """An error the user can act on; printed without a traceback."""
 
 
-def log(msg):
-    print("kubelab: " + msg, file=sys.stderr, flush=True)
-
-
-def run(cmd, timeout=600, check=True, env=None, cwd=None, input_text=None):
-    """Run a command (list) with a timeout; raise KubeLabError with its output when it fails."""
-    try:
-        proc = subprocess.run(cmd, timeout=timeout, check=False, text=True, input=input_text, cwd=cwd,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                              stdin=None if input_text is not None else subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise KubeLabError("command not found: %s" % cmd[0])
-    except subprocess.TimeoutExpired:
-        raise KubeLabError("command timed out after %ss: %s" % (timeout, " ".join(cmd)))
-    if check and proc.returncode != 0:
-        tail = ((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-20:]
-        raise KubeLabError("command failed (rc=%s): %s\n%s" % (proc.returncode, " ".join(cmd), "\n".join(tail)))
-    return proc
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold an exclusive lock file so two kubelab commands do not act on the same files at once."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log("another kubelab command holds %s; waiting for it" % os.path.basename(path))
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1024 * 1024), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def write_text(path, text, mode=0o644):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+LAB = Lab("kubelab", KubeLabError)
+log, run, locked = LAB.log, LAB.run, LAB.locked
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,12 +169,7 @@ def version_ok(name, output, version):
 
 
 def read_manifest(directory):
-    try:
-        with open(os.path.join(directory, "manifest.json")) as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(os.path.join(directory, "manifest.json")) or None
 
 
 def binary_problem(directory, manifest, name, execute=True):
@@ -322,8 +277,8 @@ def ensure_binaries(rebuild=False):
             shutil.rmtree(staging, ignore_errors=True)
         manifest = {"kubernetes": KUBE_VERSION, "staging": staging_version(KUBE_VERSION), "helm": HELM_VERSION,
                     "go": go_version(), "binaries": binaries, "build_seconds": timings,
-                    "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        write_text(os.path.join(directory, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+                    "built": utc_now()}
+        write_json(os.path.join(directory, "manifest.json"), manifest, sort_keys=True)
         for name in BINARIES:
             problem = binary_problem(directory, manifest, name)
             if problem:
@@ -476,36 +431,7 @@ def meta_path():
 
 
 def read_meta():
-    try:
-        with open(meta_path()) as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def port_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(count):
-    """`count` distinct free loopback ports, chosen by the kernel."""
-    socks, ports = [], []
-    try:
-        while len(ports) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-            ports.append(sock.getsockname()[1])
-    finally:
-        for sock in socks:
-            sock.close()
-    return ports
+    return read_json(meta_path())
 
 
 def process_alive(pid, marker):
@@ -515,11 +441,9 @@ def process_alive(pid, marker):
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as handle:
             cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
-        with open("/proc/%d/stat" % pid) as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    except OSError:
         return False
-    return state not in ("Z", "X") and marker in cmdline
+    return proc_stat(pid) is not None and marker in cmdline
 
 
 def etcd_args(data_dir, client_port, peer_port):
@@ -555,36 +479,9 @@ def apiserver_args(pki, etcd_port, secure_port):
     ]
 
 
-def spawn(cmd, log_path):
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    return proc
-
-
-def tail_file(path, lines=25):
-    try:
-        with open(path, errors="replace") as handle:
-            return "\n".join(handle.read().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def stop_pid(pid, marker, timeout=20):
     """SIGTERM (then SIGKILL) one of our processes; True when it is gone."""
-    if not process_alive(pid, marker):
-        return True
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if not process_alive(pid, marker):
-            return True
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    time.sleep(0.5)
-    return not process_alive(pid, marker)
+    return stop_process(lambda: process_alive(pid, marker), lambda sig: os.kill(pid, sig), timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -727,28 +624,28 @@ def start_server(manifest, etcd_ver):
             "versions": {"kubernetes": manifest["kubernetes"], "helm": manifest["helm"], "etcd": etcd_ver}}
     etcd = spawn([shutil.which(ETCD)] + etcd_args(data_dir, etcd_port, peer_port), logs["etcd"])
     meta["pids"]["etcd"] = etcd.pid
-    write_text(meta_path(), json.dumps(meta, indent=2) + "\n")
+    write_json(meta_path(), meta)
     deadline = time.time() + 60
     while not etcd_healthy(etcd_port):
         if etcd.poll() is not None or time.time() > deadline:
             stop_server(meta)
-            raise KubeLabError("etcd did not start; %s:\n%s" % (logs["etcd"], tail_file(logs["etcd"])))
+            raise KubeLabError("etcd did not start; %s:\n%s" % (logs["etcd"], tail_file(logs["etcd"], LOG_TAIL)))
         time.sleep(0.2)
     api = spawn([binary("kube-apiserver")] + apiserver_args(pki_dir(), etcd_port, api_port), logs["kube-apiserver"])
     meta["pids"]["kube-apiserver"] = api.pid
-    write_text(meta_path(), json.dumps(meta, indent=2) + "\n")
+    write_json(meta_path(), meta)
     deadline = time.time() + START_TIMEOUT
     while not readyz(meta["server"], timeout=3):
         if api.poll() is not None or time.time() > deadline:
             stop_server(meta)
             why = "exited" if api.poll() is not None else "was not ready after %ss" % START_TIMEOUT
             log_file = logs["kube-apiserver"]
-            raise KubeLabError("kube-apiserver %s; %s:\n%s" % (why, log_file, tail_file(log_file)))
+            raise KubeLabError("kube-apiserver %s; %s:\n%s" % (why, log_file, tail_file(log_file, LOG_TAIL)))
         time.sleep(0.3)
     write_kubeconfigs(meta["server"])
     meta["start_seconds"] = round(time.time() - started, 1)
-    meta["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    write_text(meta_path(), json.dumps(meta, indent=2) + "\n")
+    meta["started"] = utc_now()
+    write_json(meta_path(), meta)
     return meta
 
 
@@ -1001,24 +898,17 @@ def cmd_env(_args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="kubelab", description=__doc__.split("\n\n", maxsplit=1)[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("build", help="build kube-apiserver, kubectl and helm unless valid ones are cached")
+    parser, sub = LAB.parser(__doc__)
+    p = add_command(sub, "build", cmd_build, "build kube-apiserver, kubectl and helm unless valid ones are cached")
     p.add_argument("--rebuild", action="store_true", help="rebuild even when valid binaries are cached")
-    p.set_defaults(func=cmd_build)
-    p = sub.add_parser("start", help="start etcd and kube-apiserver (a healthy running one is reused)")
+    p = add_command(sub, "start", cmd_start, "start etcd and kube-apiserver (a healthy running one is reused)")
     p.add_argument("--fresh", action="store_true",
                    help="stop a recorded server and wipe the state directory first: start from an empty store")
-    p.set_defaults(func=cmd_start)
-    p = sub.add_parser("stop", help="stop the API server and etcd")
-    p.set_defaults(func=cmd_stop)
-    p = sub.add_parser("status", help="state, pids, ports, kubeconfigs and versions")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_status)
-    p = sub.add_parser("fixtures", help="apply the project's fixture CRDs, objects and lab nodes")
+    add_command(sub, "stop", cmd_stop, "stop the API server and etcd")
+    add_command(sub, "status", cmd_status, "state, pids, ports, kubeconfigs and versions").add_argument("--json", action="store_true")
+    p = add_command(sub, "fixtures", cmd_fixtures, "apply the project's fixture CRDs, objects and lab nodes")
     p.add_argument("--json", action="store_true", help="print what was applied as JSON")
-    p.set_defaults(func=cmd_fixtures)
-    p = sub.add_parser("nodes", help="create (or --delete) many GPU Node objects, e.g. for benchmarks")
+    p = add_command(sub, "nodes", cmd_nodes, "create (or --delete) many GPU Node objects, e.g. for benchmarks")
     p.add_argument("--count", type=int, default=100)
     p.add_argument("--prefix", default="bench-gpu-")
     p.add_argument("--workload", choices=("container", "vm-passthrough", "vm-vgpu"), default="container",
@@ -1026,25 +916,8 @@ def main(argv=None):
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--workers", type=int, default=8, help="parallel API requests")
     p.add_argument("--delete", action="store_true")
-    p.set_defaults(func=cmd_nodes)
-    p = sub.add_parser("env", help="print shell exports: KUBECONFIG, K8S_AUTH_KUBECONFIG and PATH with kubectl and helm")
-    p.set_defaults(func=cmd_env)
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except KubeLabError as exc:
-        print("kubelab: error: %s" % exc, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("kubelab: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # pylint: disable=broad-except
-        if os.environ.get("KUBELAB_DEBUG"):
-            raise
-        print("kubelab: unexpected error: %s: %s (set KUBELAB_DEBUG=1 for a traceback)"
-              % (type(exc).__name__, exc), file=sys.stderr)
-        return 1
-    return 0
+    add_command(sub, "env", cmd_env, "print shell exports: KUBECONFIG, K8S_AUTH_KUBECONFIG and PATH with kubectl and helm")
+    return LAB.main(parser, argv)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,8 @@ operator.log. Cache: GPUOPS_OPERATOR_CACHE (default .cache/operator). Source: GP
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
-import fcntl
 import hashlib
 import http.client
 import json
@@ -41,7 +39,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -50,6 +47,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+# labcommon.py lies beside this script: importable whether the script runs or is loaded from its path.
+LAB_DIR = os.path.dirname(os.path.abspath(__file__))
+if LAB_DIR not in sys.path:
+    sys.path.insert(0, LAB_DIR)
+from labcommon import (Lab, add_command, free_ports, proc_stat, read_json, sha256_file, spawn,  # noqa: E402
+                       stop_process, tail_file, utc_now, write_json)
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream", "gpu-operator")
@@ -81,67 +85,17 @@ LAYOUT_CRDS = ("nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml
 REQUIRED_CRDS = ("clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com")
 # Inside the mount namespace: the cached layout becomes /opt (read-only), then the operator replaces the shell.
 NAMESPACE_SCRIPT = 'set -e; mount --bind -o ro "$1" /opt; shift; exec "$@"'
+# How many lines of its log the error of an operator that did not start carries.
+LOG_TAIL = 30
 
 
 class OperatorLabError(Exception):
     """An error the user can act on; printed without a traceback."""
 
 
-def log(msg):
-    print("operatorlab: " + msg, file=sys.stderr, flush=True)
-
-
-def run(cmd, timeout=600, env=None, cwd=None):
-    try:
-        proc = subprocess.run(cmd, timeout=timeout, check=False, text=True, cwd=cwd, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise OperatorLabError("command not found: %s" % cmd[0])
-    except subprocess.TimeoutExpired:
-        raise OperatorLabError("command timed out after %ss: %s" % (timeout, " ".join(cmd)))
-    if proc.returncode != 0:
-        tail = ((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-20:]
-        raise OperatorLabError("command failed (rc=%s): %s\n%s" % (proc.returncode, " ".join(cmd), "\n".join(tail)))
-    return proc
-
-
-@contextlib.contextmanager
-def locked(path):
-    """An exclusive lock file, so two operatorlab commands do not act on the same files at once."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log("another operatorlab command holds %s; waiting for it" % path)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1024 * 1024), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def write_text(path, text, mode=0o644):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def read_json(path):
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+# Unlike the other labs, a wait for a lock names the lock file's whole path.
+LAB = Lab("operatorlab", OperatorLabError, lock_path_in_log=True)
+log, run, locked = LAB.log, LAB.run, LAB.locked
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,8 +272,8 @@ def ensure_build(rebuild=False):
         manifest = {"commit": commit, "source": SOURCE, "source_digest": digest,
                     "layout_source_digest": layout_source_digest(), "layout_digest": layout_digest,
                     "sha256": sha256_file(binary_path()), "go": go_version, "build_seconds": seconds,
-                    "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        write_text(manifest_path(), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+                    "built": utc_now()}
+        write_json(manifest_path(), manifest, sort_keys=True)
         problem = build_problem(manifest)
         if problem:
             raise OperatorLabError("the operator just built is %s" % problem)
@@ -484,20 +438,6 @@ def log_path():
     return os.path.join(STATE, "operator.log")
 
 
-def free_ports(count):
-    socks, ports = [], []
-    try:
-        while len(ports) < count:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-            ports.append(sock.getsockname()[1])
-    finally:
-        for sock in socks:
-            sock.close()
-    return ports
-
-
 def operator_args(metrics_port, health_port):
     return ["--metrics-bind-address=127.0.0.1:%d" % metrics_port,
             "--health-probe-bind-address=127.0.0.1:%d" % health_port,
@@ -524,14 +464,8 @@ def namespace_command(layout, binary, args, euid=None):
 
 def proc_start_time(pid):
     """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), None when gone."""
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError, TypeError):
-        return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields else None
 
 
 def process_is_ours(meta):
@@ -565,30 +499,9 @@ def operator_state(meta):
     return "running" if probe(meta["ports"]["health"]) else "starting"
 
 
-def tail_file(path, lines=30):
-    try:
-        with open(path, errors="replace") as handle:
-            return "\n".join(handle.read().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def stop_group(meta, timeout=30):
     """SIGTERM the operator's process group (then SIGKILL); True when it is gone. Nothing else is signalled."""
-    if not process_is_ours(meta):
-        return True
-    pgid = meta["pgid"]
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if not process_is_ours(meta):
-            return True
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    time.sleep(0.5)
-    return not process_is_ours(meta)
+    return stop_process(lambda: process_is_ours(meta), lambda sig: os.killpg(meta["pgid"], sig), timeout)
 
 
 def reap(pid):
@@ -619,9 +532,7 @@ def start_operator(manifest, kubeconfig, namespace, timeout=START_TIMEOUT):
     env.update(KUBECONFIG=kubeconfig, OPERATOR_NAMESPACE=namespace)
     os.makedirs(STATE, exist_ok=True)
     started = time.time()
-    with open(log_path(), "wb") as logf:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, close_fds=True)
+    proc = spawn(cmd, log_path(), env=env, log_mode="wb")
     meta = {"pid": proc.pid, "pgid": proc.pid, "start_ticks": proc_start_time(proc.pid), "binary": binary,
             "ports": {"metrics": metrics_port, "health": health_port}, "kubeconfig": kubeconfig,
             "server": client.server, "namespace": namespace, "log": log_path(), "sha256": manifest["sha256"],
@@ -631,7 +542,7 @@ def start_operator(manifest, kubeconfig, namespace, timeout=START_TIMEOUT):
     while True:
         if proc.poll() is not None:
             raise OperatorLabError("the operator exited (rc=%s); %s:\n%s"
-                                   % (proc.returncode, log_path(), tail_file(log_path())))
+                                   % (proc.returncode, log_path(), tail_file(log_path(), LOG_TAIL)))
         if probe(health_port):
             break
         if time.time() > deadline:
@@ -639,15 +550,15 @@ def start_operator(manifest, kubeconfig, namespace, timeout=START_TIMEOUT):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise OperatorLabError("the operator was not ready after %ss; %s:\n%s"
-                                   % (timeout, log_path(), tail_file(log_path())))
+                                   % (timeout, log_path(), tail_file(log_path(), LOG_TAIL)))
         time.sleep(0.3)
     meta["start_ticks"] = proc_start_time(proc.pid)
     meta["start_seconds"] = round(time.time() - started, 1)
-    meta["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    meta["started"] = utc_now()
     if not process_is_ours(meta):
         raise OperatorLabError("the operator's process %d is not the binary %s; %s:\n%s"
-                               % (proc.pid, binary, log_path(), tail_file(log_path())))
-    write_text(meta_path(), json.dumps(meta, indent=2, sort_keys=True) + "\n")
+                               % (proc.pid, binary, log_path(), tail_file(log_path(), LOG_TAIL)))
+    write_json(meta_path(), meta, sort_keys=True)
     return meta
 
 
@@ -737,41 +648,20 @@ def cmd_status(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="operatorlab", description=__doc__.split("\n\n", maxsplit=1)[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("build", help="build the operator (and its /opt layout) unless a valid build is cached")
+    parser, sub = LAB.parser(__doc__)
+    p = add_command(sub, "build", cmd_build, "build the operator (and its /opt layout) unless a valid build is cached")
     p.add_argument("--rebuild", action="store_true", help="rebuild even when a valid build is cached")
     p.add_argument("--if-source", action="store_true",
                    help="do nothing when the operator's source is not beside the checkout (a clone without "
                         "../shared/upstream)")
-    p.set_defaults(func=cmd_build)
-    p = sub.add_parser("start", help="start the operator against the lab's API server (a running one is reused)")
+    p = add_command(sub, "start", cmd_start, "start the operator against the lab's API server (a running one is reused)")
     p.add_argument("--kubeconfig", help="admin kubeconfig of a loopback API server (default: the kubelab's of "
                                         "GPUOPS_KUBE_STATE, .lab/kube/kubeconfig)")
     p.add_argument("--namespace", default=NAMESPACE, help="OPERATOR_NAMESPACE, where the chart is installed")
     p.add_argument("--restart", action="store_true", help="stop a running operator and start it again")
-    p.set_defaults(func=cmd_start)
-    p = sub.add_parser("stop", help="stop the operator (its process group)")
-    p.set_defaults(func=cmd_stop)
-    p = sub.add_parser("status", help="state, pid, ports, API server, log and build")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_status)
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-    except OperatorLabError as exc:
-        print("operatorlab: error: %s" % exc, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("operatorlab: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # pylint: disable=broad-except
-        if os.environ.get("OPERATORLAB_DEBUG"):
-            raise
-        print("operatorlab: unexpected error: %s: %s (set OPERATORLAB_DEBUG=1 for a traceback)"
-              % (type(exc).__name__, exc), file=sys.stderr)
-        return 1
-    return 0
+    add_command(sub, "stop", cmd_stop, "stop the operator (its process group)")
+    add_command(sub, "status", cmd_status, "state, pid, ports, API server, log and build").add_argument("--json", action="store_true")
+    return LAB.main(parser, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,225 @@
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""labcommon: the helpers the lab scripts (gpulab.py, kubelab.py, operatorlab.py) share.
+
+A script makes one `Lab` for itself, which knows its name and its error class: its log lines, the commands it
+runs, its lock files and its command line (`main`) speak in that name. The functions below it know nothing of
+any script: files, JSON records, loopback ports and the processes a lab starts.
+
+The scripts import this module as a sibling (they put their own directory on sys.path), so each still runs on
+its own as `python lab/<script>.py`; it keeps no state of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+class Lab:
+    """One lab script: `prog` names it in every message, `error` is its error for the user (printed without a
+    traceback by `main`). `log_to` is the stream of its log lines ("stdout" or "stderr", looked up at each line),
+    `run_tail` how many lines of a failed command's output its error carries, `lock_path_in_log` whether a wait
+    for a lock names the lock file's whole path or only its name."""
+
+    def __init__(self, prog, error, log_to="stderr", run_tail=20, lock_path_in_log=False):
+        self.prog = prog
+        self.error = error
+        self.log_to = log_to
+        self.run_tail = run_tail
+        self.lock_path_in_log = lock_path_in_log
+        self.debug_env = prog.upper() + "_DEBUG"
+
+    def log(self, msg):
+        print(self.prog + ": " + msg, file=getattr(sys, self.log_to), flush=True)
+
+    def run(self, cmd, timeout=600, check=True, env=None, cwd=None, input_text=None):
+        """Run a command (list) with a timeout; raise the lab's error with its output when it fails."""
+        try:
+            proc = subprocess.run(cmd, timeout=timeout, check=False, text=True, input=input_text, cwd=cwd,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                  stdin=None if input_text is not None else subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise self.error("command not found: %s" % cmd[0])
+        except subprocess.TimeoutExpired:
+            raise self.error("command timed out after %ss: %s" % (timeout, " ".join(cmd)))
+        if check and proc.returncode != 0:
+            tail = ((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-self.run_tail:]
+            raise self.error("command failed (rc=%s): %s\n%s" % (proc.returncode, " ".join(cmd), "\n".join(tail)))
+        return proc
+
+    @contextlib.contextmanager
+    def locked(self, path):
+        """Hold an exclusive lock file, so two commands of this lab do not act on the same things at once."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.log("another %s command holds %s; waiting for it"
+                         % (self.prog, path if self.lock_path_in_log else os.path.basename(path)))
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def parser(self, doc):
+        """(parser, its subcommands): the description is the first paragraph of the script's docstring `doc`."""
+        parser = argparse.ArgumentParser(prog=self.prog, description=doc.split("\n\n", maxsplit=1)[0])
+        return parser, parser.add_subparsers(dest="command", required=True)
+
+    def main(self, parser, argv=None):
+        """Parse `argv`, run the chosen command (its `func`); return the exit code. The lab's errors and an
+        interrupt are one line on stderr; anything else too, unless <PROG>_DEBUG is set (then the traceback)."""
+        args = parser.parse_args(argv)
+        try:
+            args.func(args)
+        except self.error as exc:
+            print("%s: error: %s" % (self.prog, exc), file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("%s: interrupted" % self.prog, file=sys.stderr)
+            return 130
+        except Exception as exc:  # pylint: disable=broad-except
+            if os.environ.get(self.debug_env):
+                raise
+            print("%s: unexpected error: %s: %s (set %s=1 for a traceback)"
+                  % (self.prog, type(exc).__name__, exc, self.debug_env), file=sys.stderr)
+            return 1
+        return 0
+
+
+def add_command(sub, name, func, text, **defaults):
+    """Add the subcommand `name` (help `text`) that runs `func(args)`; return its parser, for its arguments."""
+    parser = sub.add_parser(name, help=text)
+    parser.set_defaults(func=func, **defaults)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and JSON records
+# ---------------------------------------------------------------------------------------------
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1024 * 1024), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_text(path, text, mode=0o644):
+    """Write `text` to `path` through a temporary file beside it, so a reader never sees half of it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    """The JSON object in `path`; {} when the file is missing, unreadable or holds no JSON object."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_json(path, data, sort_keys=False):
+    write_text(path, json.dumps(data, indent=2, sort_keys=sort_keys) + "\n")
+
+
+def tail_file(path, lines):
+    """The last `lines` lines of a log file, or "(no log)"."""
+    try:
+        with open(path, errors="replace") as handle:
+            return "\n".join(handle.read().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def utc_now():
+    """The time now as recorded in the labs' manifests and metadata (ISO 8601, UTC, whole seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# ---------------------------------------------------------------------------------------------
+# Loopback ports
+# ---------------------------------------------------------------------------------------------
+
+def port_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count):
+    """`count` distinct free loopback ports, chosen by the kernel."""
+    socks, ports = [], []
+    try:
+        while len(ports) < count:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+            ports.append(sock.getsockname()[1])
+    finally:
+        for sock in socks:
+            sock.close()
+    return ports
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+
+def proc_stat(pid):
+    """The fields of /proc/<pid>/stat after the command name (the first is the state), or None when there is
+    no such process or it is a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return None
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return fields
+
+
+def spawn(cmd, log_path, env=None, log_mode="ab"):
+    """Start `cmd` in a session (and process group) of its own, its output into `log_path`; return the Popen."""
+    with open(log_path, log_mode) as logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, close_fds=True)
+    return proc
+
+
+def stop_process(alive, send, timeout):
+    """SIGTERM through `send(signal)`, SIGKILL when `alive()` still holds after `timeout` seconds; True when it
+    is gone. Nothing is sent to what `alive()` does not recognise."""
+    if not alive():
+        return True
+    with contextlib.suppress(ProcessLookupError):
+        send(signal.SIGTERM)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not alive():
+            return True
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        send(signal.SIGKILL)
+    time.sleep(0.5)
+    return not alive()
