@@ -73,3 +73,12 @@ def test_container_leg_has_the_original_command_line(host):
 def test_distribution_drop_in_left_alone(host):
     dropin = host.file("/etc/default/grub.d/50-distro-iommu.cfg")
     assert dropin.exists and "intel_iommu=off" in dropin.content_string
+
+
+def test_the_way_back_rebooted_with_kexec(host):
+    """The container leg rebooted through the firmware, the way back with kexec (no silent fallback)."""
+    import json  # pylint: disable=import-outside-toplevel
+    report, _lines = container_leg(host)
+    back = json.loads(host.file("/var/tmp/gpuops-switch-back-reboot.json").content_string)
+    assert report["reboot"]["method"] == "reboot" and back["method"] == "kexec", (report["reboot"], back)
+    print("reboot %ss, kexec %ss" % (report["reboot"]["seconds"], back["seconds"]))
