@@ -29,6 +29,7 @@ import json
 import os
 import re
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import split_cmdline
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
@@ -536,26 +537,6 @@ def parse_grubby(text):
     return entry or {}
 
 
-def split_words(text):
-    """Split a command line as the kernel does: whitespace, double quotes group (and stay in the word)."""
-    words = []
-    current = []
-    quoted = False
-    for char in text or "":
-        if char == '"':
-            quoted = not quoted
-            current.append(char)
-        elif char.isspace() and not quoted:
-            if current:
-                words.append("".join(current))
-                current = []
-        else:
-            current.append(char)
-    if current:
-        words.append("".join(current))
-    return words
-
-
 def expand_variables(words, env, what, warnings):
     """Replace each word that is only a grub variable (``$tuned_params``) by its value in grubenv, or drop it
     with a warning when grubenv does not set it (grub expands it to nothing)."""
@@ -567,7 +548,7 @@ def expand_variables(words, env, what, warnings):
             continue
         name = match.group(1) or match.group(2)
         if env.get(name):
-            result.extend(split_words(env[name]))
+            result.extend(split_cmdline(env[name]))
         else:
             warnings.append("dropped %s from the %s: grubenv does not set it" % (word, what))
     return result
@@ -585,11 +566,11 @@ def grubby_entry(root, run, grubby, warnings):
     if not kernel or kernel == "non linux entry":
         raise NotLoadable("grubby --info=DEFAULT names no Linux kernel: %s" % shown((out or "").strip(), 200))
     _env_path, env = read_grubenv(root)
-    args = expand_variables(split_words(info.get("args", "")), env, "grubby args", warnings)
+    args = expand_variables(split_cmdline(info.get("args", "")), env, "grubby args", warnings)
     root_dev = info.get("root")
     if root_dev and not any(w.startswith("root=") for w in args):
         args.insert(0, "root=" + root_dev)
-    initrds = expand_variables(split_words(info.get("initrd", "")), env, "grubby initrd", warnings)
+    initrds = expand_variables(split_cmdline(info.get("initrd", "")), env, "grubby initrd", warnings)
     return Entry(info.get("title") or kernel, kernel, initrds, args, "grubby --info=DEFAULT")
 
 
@@ -744,7 +725,7 @@ def bls_entry(root, warnings):
     entry, origin = bls_default(root, entries)
     if not entry.keys.get("linux"):
         raise NotLoadable("the default entry %s (%s) has no linux key (not a Linux entry)" % (entry.path, origin))
-    args = split_words(entry.options)
+    args = split_cmdline(entry.options)
     initrds = entry.initrds
     if _loader_conf_default(root)[0] is None:
         _env_path, env = read_grubenv(root)
