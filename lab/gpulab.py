@@ -51,14 +51,14 @@ INVENTORY_CONNECTION = os.path.join(INVENTORY_DIR, "zz-lab-connection.yml")
 IMAGE_FILES = os.path.join(TOP, "lab", "image")
 
 # Bump when the image recipe changes: a cached image built by an older recipe is rebuilt.
-RECIPE_VERSION = "6"
+RECIPE_VERSION = "7"
 SUITE = "bookworm"
 IMAGE_NAME = "debian12-gpulab"
 DISK_SIZE = 4 * 1024 ** 3
 PART_OFFSET = 1024 * 1024
 PACKAGES = [
     "systemd-sysv", "udev", "openssh-server", "python3", "kmod", "iproute2", "initramfs-tools",
-    "linux-image-amd64", "grub-pc", "pciutils", "procps", "sudo", "dbus", "kexec-tools",
+    "linux-image-amd64", "grub-pc", "pciutils", "procps", "sudo", "dbus",
 ]
 # Kernel arguments the pristine image boots with. intel_iommu=off is deliberate (see the docstring).
 IMAGE_CMDLINE = "console=ttyS0,115200 intel_iommu=off"
@@ -286,9 +286,6 @@ def configure_rootfs(rootfs, kver, mtty_ko):
     write_file(rootfs, "/etc/hosts", "127.0.0.1 localhost\n127.0.1.1 gpulab\n")
     write_file(rootfs, "/etc/fstab", "LABEL=gpulab-root / ext4 errors=remount-ro 0 1\n")
     write_file(rootfs, "/etc/machine-id", "")
-    # kexec-tools for the opt-in kexec reboot (host_reboot_method: kexec); a plain reboot stays a firmware reboot.
-    write_file(rootfs, "/etc/default/kexec", 'LOAD_KEXEC=false\nKERNEL_IMAGE="/vmlinuz"\nINITRD="/initrd.img"\n'
-               'APPEND=""\nUSE_GRUB_CONFIG=false\n')
     write_file(rootfs, "/etc/systemd/network/20-lab.network",
                "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n")
     grub = open(os.path.join(rootfs, "etc/default/grub")).read()

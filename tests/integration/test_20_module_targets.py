@@ -56,6 +56,8 @@ def test_reboot_applies_the_iommu_arguments(pristine_host, tmp_path):
     proc = run_tasks(tmp_path, "reboot", """    - name: Reboot once into the new command line
       ansible.builtin.reboot:
         reboot_timeout: 1200
+        # Back only when the root file system takes writes (modules need a temporary directory).
+        test_command: touch /var/tmp/.gpuops-reboot-test && rm -f /var/tmp/.gpuops-reboot-test
     - name: Read the running command line and the IOMMU groups
       ansible.builtin.command: cat /proc/cmdline /sys/kernel/iommu_groups/0/type
       register: after

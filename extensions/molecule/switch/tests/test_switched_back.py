@@ -75,10 +75,12 @@ def test_distribution_drop_in_left_alone(host):
     assert dropin.exists and "intel_iommu=off" in dropin.content_string
 
 
-def test_the_way_back_rebooted_with_kexec(host):
-    """The container leg rebooted through the firmware, the way back with kexec (no silent fallback)."""
+def test_the_way_back_fell_back_to_a_firmware_reboot(host):
+    """The way back asked for kexec on a host without kexec-tools: the role rebooted through the firmware (and
+    the passthrough checks above ran on the kernel that reboot started)."""
     import json  # pylint: disable=import-outside-toplevel
     report, _lines = container_leg(host)
     back = json.loads(host.file("/var/tmp/gpuops-switch-back-reboot.json").content_string)
-    assert report["reboot"]["method"] == "reboot" and back["method"] == "kexec", (report["reboot"], back)
-    print("reboot %ss, kexec %ss" % (report["reboot"]["seconds"], back["seconds"]))
+    assert not host.exists("kexec")
+    assert report["reboot"]["method"] == "reboot" and back["method"] == "reboot", (report["reboot"], back)
+    assert int(float(back["seconds"])) > 0
