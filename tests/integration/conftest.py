@@ -52,13 +52,19 @@ def running_lab():
 SCENARIOS = {"container": "lab-container", "vm_passthrough": "lab-passthrough", "vm_vgpu": "lab-vgpu"}
 
 
-def molecule(scenario, env, output):
-    """Start `molecule test -s scenario`; its plain-text output goes to the open file `output`."""
+def molecule(scenario, env, output, state_dir):
+    """Start `molecule test -s scenario`; its plain-text output goes to the open file `output`.
+
+    Molecule keeps a scenario's state (created, prepared...) under the user's home, keyed by the name of
+    the checkout's directory only, so a clone named like another checkout would inherit that checkout's
+    state (and skip create for hosts that are not running): each run gets its own empty state directory.
+    """
     full_env = dict(os.environ)
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env.update(env or {})
-    full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400")
+    full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400",
+                    MOLECULE_EPHEMERAL_DIRECTORY=state_dir)
     return subprocess.Popen(["molecule", "test", "-s", scenario], cwd=TOP, env=full_env, text=True,
                             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -78,7 +84,8 @@ class BackgroundRuns:
         self.procs = {}
         for name, env in specs.items():
             handle = open(os.path.join(self.dir, name + ".log"), "w+", encoding="utf-8")  # pylint: disable=consider-using-with
-            self.procs[name] = (molecule(name, env, output=handle), handle)
+            state_dir = os.path.join(self.dir, name + ".state")
+            self.procs[name] = (molecule(name, env, output=handle, state_dir=state_dir), handle)
         self._results = None
         BackgroundRuns.started_runs.append(self)
 
