@@ -20,7 +20,7 @@ KUBE_TEST_STATE := $(or $(GPUOPS_KUBE_TEST_STATE),$(CURDIR)/.lab/kube-tests)
 # ...and those of test sessions that ran beside another one (KUBE_TEST_STATE-<pid>).
 KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 
-.PHONY: venv hostdeps lab lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator test \
+.PHONY: venv hostdeps lab lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator operator-build test \
 	checks lint sanity unit integration \
 	molecule bench bench-modules bench-hosts bench-cluster validate build docs galaxy-import clean
 
@@ -64,13 +64,18 @@ kube-status: venv
 
 # The main job on the embedded default: the local lab (QEMU hosts and the API server), then the real GPU
 # Operator reconciling what it installed, and playbooks/validate.yml waiting on the operator's labels.
-site: lab kube
+# The lab (image build, boots), the Kubernetes build and the GPU Operator build do not depend on each other:
+# they overlap (each prints what it is at while it runs; see GPUOPS_LAB_PROGRESS in the README).
+site: venv hostdeps
+	$(MAKE) -j3 --no-print-directory lab kube operator-build
 	eval "$$($(KUBE) env)" && ansible-playbook playbooks/site.yml -i inventories/lab/ \
 		-e gpuops_kubeconfig="$$K8S_AUTH_KUBECONFIG"
 	$(MAKE) operator
 
 # The real GPU Operator (lab/operatorlab.py: built once and cached, a running one reused) against the main
 # job's API server, where site.yml installed its chart; nothing to do without its source beside the checkout.
+operator-build: venv
+	@if [ ! -d "$(OPERATOR_SOURCE)" ]; then exit 0; fi; $(OPERATOR) build
 operator: venv
 	@if [ ! -d "$(OPERATOR_SOURCE)" ]; then \
 		echo "operator: no GPU Operator source at $(OPERATOR_SOURCE); the lab runs without the operator"; exit 0; fi; \

@@ -40,7 +40,7 @@ import time
 LAB_DIR = os.path.dirname(os.path.abspath(__file__))
 if LAB_DIR not in sys.path:
     sys.path.insert(0, LAB_DIR)
-from labcommon import Lab, add_command, free_ports, port_free, read_json, utc_now  # noqa: E402
+from labcommon import Progress, Lab, add_command, free_ports, port_free, read_json, utc_now  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("GPUOPS_LAB_CACHE") or os.path.join(TOP, ".cache", "lab")
@@ -254,7 +254,8 @@ def build_mtty(kver):
             raise LabError("kernel headers %s are missing: install linux-headers-%s" % (headers, kver))
         log("installing linux-headers-%s to build the mtty sample driver" % kver)
         run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "linux-headers-" + kver],
-            timeout=1200, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+            timeout=1200, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+            progress="installing linux-headers-" + kver)
     series = ".".join(kver.split(".")[:2])
     src_dir = os.path.join(CACHE, "src")
     os.makedirs(src_dir, exist_ok=True)
@@ -385,7 +386,7 @@ def build_image():
            SUITE, rootfs]
     if os.environ.get("GPUOPS_LAB_MIRROR"):
         cmd.append(os.environ["GPUOPS_LAB_MIRROR"])
-    run(cmd, timeout=1800, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    run(cmd, timeout=1800, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"), progress="debootstrap " + SUITE)
     kvers = sorted(os.listdir(os.path.join(rootfs, "lib/modules")))
     if len(kvers) != 1:
         raise LabError("expected one kernel in the image, found: %s" % kvers)
@@ -404,7 +405,7 @@ def build_image():
     fs_kib = (DISK_SIZE - PART_OFFSET) // 1024
     log("writing the root file system into the disk image")
     run(["mkfs.ext4", "-q", "-F", "-L", "gpulab-root", "-E", "offset=%d" % PART_OFFSET, "-d", rootfs,
-         disk, "%dk" % fs_kib], timeout=900)
+         disk, "%dk" % fs_kib], timeout=900, progress="writing the root file system")
     shutil.rmtree(rootfs, ignore_errors=True)
     log("first boot: installing grub on the disk with the image's own tools")
     serial = os.path.join(work, "finalise.log")
@@ -416,8 +417,9 @@ def build_image():
         "-serial", "file:" + serial, "-no-reboot", "-nic", "none",
     ]
     try:
-        subprocess.run(cmd, timeout=BOOT_TIMEOUT, check=False, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        with Progress(LAB, "installing grub in the first boot", status=lambda: tail_text(serial, 1)):
+            subprocess.run(cmd, timeout=BOOT_TIMEOUT, check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise LabError("the image's first boot did not finish in %ss; see %s" % (BOOT_TIMEOUT, serial))
     if FINALISE_MARKER not in read_text(serial):
@@ -796,7 +798,11 @@ def cmd_start(args):
 
     def waiter(vm, port, t0):
         try:
-            wait_ssh(vm, port, args.timeout)
+            if t0 is None:
+                wait_ssh(vm, port, args.timeout)
+            else:
+                with Progress(LAB, vm.name + ": booting", status=lambda: tail_text(vm.serial, 1), say_done=False):
+                    wait_ssh(vm, port, args.timeout)
             if t0 is not None:  # None: it was already running (maybe still booting for another command)
                 vm.save_meta(boot_to_ssh=round(time.time() - t0, 1))
                 log("%s: ssh up after %.0fs" % (vm.name, time.time() - t0))

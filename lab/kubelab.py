@@ -212,7 +212,7 @@ def build_k8s(names, dest):
     env = go_env()
     # go.mod of k8s.io/kubernetes names its staging modules (replaced by ./staging in its own tree).
     proc = run([GO, "mod", "download", "-json", "k8s.io/kubernetes@" + KUBE_VERSION], cwd=CACHE, env=env,
-               timeout=BUILD_TIMEOUT)
+               timeout=BUILD_TIMEOUT, progress="downloading k8s.io/kubernetes " + KUBE_VERSION)
     try:
         info = json.loads(proc.stdout)
         with open(info["GoMod"]) as handle:
@@ -223,15 +223,18 @@ def build_k8s(names, dest):
     if len(modules) < 10:
         raise KubeLabError("k8s.io/kubernetes %s names only %d staging modules" % (KUBE_VERSION, len(modules)))
     write_text(os.path.join(work, "go.mod"), render_gomod(KUBE_VERSION, modules, go_directive(upstream) or "1.25"))
-    cmd = [GO, "build", "-trimpath", "-ldflags=" + k8s_ldflags(KUBE_VERSION), "-o", dest + os.sep]
-    run(cmd + [K8S_PACKAGES[n] for n in names], cwd=work, env=env, timeout=BUILD_TIMEOUT)
+    # -v names each package as it is compiled: the progress lines count them.
+    cmd = [GO, "build", "-v", "-trimpath", "-ldflags=" + k8s_ldflags(KUBE_VERSION), "-o", dest + os.sep]
+    run(cmd + [K8S_PACKAGES[n] for n in names], cwd=work, env=env, timeout=BUILD_TIMEOUT,
+        progress="building " + " and ".join(names))
 
 
 def build_helm(dest):
     """go install helm at the pinned version (its own go.mod decides its dependencies)."""
     env = dict(go_env(), GOBIN=dest, GOFLAGS="-buildvcs=false")
-    run([GO, "install", "-trimpath", "-ldflags=" + helm_ldflags(HELM_VERSION),
-         "%s@%s" % (HELM_PACKAGE, HELM_VERSION)], cwd=CACHE, env=env, timeout=BUILD_TIMEOUT)
+    run([GO, "install", "-v", "-trimpath", "-ldflags=" + helm_ldflags(HELM_VERSION),
+         "%s@%s" % (HELM_PACKAGE, HELM_VERSION)], cwd=CACHE, env=env, timeout=BUILD_TIMEOUT,
+        progress="building helm " + HELM_VERSION)
 
 
 def ensure_binaries(rebuild=False):

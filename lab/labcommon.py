@@ -23,7 +23,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+
+# Seconds between the progress lines of a long step (GPUOPS_LAB_PROGRESS=0 turns them off).
+PROGRESS_ENV = "GPUOPS_LAB_PROGRESS"
+PROGRESS_DEFAULT = 30
 
 
 class Lab:
@@ -43,12 +48,18 @@ class Lab:
     def log(self, msg):
         print(self.prog + ": " + msg, file=getattr(sys, self.log_to), flush=True)
 
-    def run(self, cmd, timeout=600, check=True, env=None, cwd=None, input_text=None):
-        """Run a command (list) with a timeout; raise the lab's error with its output when it fails."""
+    def run(self, cmd, timeout=600, check=True, env=None, cwd=None, input_text=None, progress=None):
+        """Run a command (list) with a timeout; raise the lab's error with its output when it fails.
+
+        With `progress` (what the command does, as in "building helm"), a line every few seconds says how
+        long it has run, how many lines it has printed and the last of them (see `Progress`)."""
         try:
-            proc = subprocess.run(cmd, timeout=timeout, check=False, text=True, input=input_text, cwd=cwd,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                  stdin=None if input_text is not None else subprocess.DEVNULL)
+            if progress:
+                proc = self._run_reporting(cmd, timeout, env, cwd, input_text, progress)
+            else:
+                proc = subprocess.run(cmd, timeout=timeout, check=False, text=True, input=input_text, cwd=cwd,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                      stdin=None if input_text is not None else subprocess.DEVNULL)
         except FileNotFoundError:
             raise self.error("command not found: %s" % cmd[0])
         except subprocess.TimeoutExpired:
@@ -57,6 +68,36 @@ class Lab:
             tail = ((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-self.run_tail:]
             raise self.error("command failed (rc=%s): %s\n%s" % (proc.returncode, " ".join(cmd), "\n".join(tail)))
         return proc
+
+    def _run_reporting(self, cmd, timeout, env, cwd, input_text, what):
+        """subprocess.run for `run(progress=...)`: both streams are read as they come, so the progress lines
+        can show the latest output line."""
+        proc = subprocess.Popen(cmd, text=True, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL)
+        streams = {"stdout": [], "stderr": []}
+        with Progress(self, what) as progress:
+            readers = [threading.Thread(target=_read_lines, args=(getattr(proc, name), lines, progress), daemon=True)
+                       for name, lines in streams.items()]
+            for reader in readers:
+                reader.start()
+            if input_text is not None:
+                try:
+                    proc.stdin.write(input_text)
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                progress.failed = True
+                raise
+            finally:
+                for reader in readers:
+                    reader.join(timeout=5)
+            progress.failed = proc.returncode != 0
+        return subprocess.CompletedProcess(cmd, proc.returncode, "".join(streams["stdout"]), "".join(streams["stderr"]))
 
     @contextlib.contextmanager
     def locked(self, path):
@@ -95,6 +136,108 @@ class Lab:
                   % (self.prog, type(exc).__name__, exc, self.debug_env), file=sys.stderr)
             return 1
         return 0
+
+
+def progress_interval():
+    """Seconds between progress lines: GPUOPS_LAB_PROGRESS, else 30; 0 (or a bad value) means none."""
+    value = os.environ.get(PROGRESS_ENV)
+    if value is None:
+        return PROGRESS_DEFAULT
+    try:
+        seconds = float(value)
+    except ValueError:
+        return 0
+    return seconds if 0 < seconds < float("inf") else 0
+
+
+def duration(seconds):
+    """45s, 3m05s, 1h02m: how people read elapsed times."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return "%ds" % seconds
+    if seconds < 3600:
+        return "%dm%02ds" % divmod(seconds, 60)
+    return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
+
+
+class Progress:
+    """A long step that says, every `progress_interval()` seconds, that it is still going: what it does, for
+    how long, and what it is at (the last output line of its command, or what `status()` returns), and at
+    the end how long it took (unless `say_done` is false: the caller says it).
+
+    Used as `with Progress(lab, "building helm") as step: ...`; `step.line(text)` counts an output line
+    (thread-safe)."""
+
+    LAST_WIDTH = 90
+
+    def __init__(self, lab, what, status=None, interval=None, say_done=True):
+        self.lab = lab
+        self.say_done = say_done
+        self.what = what
+        self.status = status
+        self.interval = progress_interval() if interval is None else interval
+        self.started = time.monotonic()
+        self.lines = 0
+        self.last = ""
+        self.failed = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def line(self, text):
+        text = text.strip()
+        with self._lock:
+            self.lines += 1
+            if text:
+                self.last = text
+
+    def elapsed(self):
+        return time.monotonic() - self.started
+
+    def report(self):
+        """The progress line: 'still building helm (2m30s, 812 lines of output; last: ...)'."""
+        with self._lock:
+            lines, last = self.lines, self.last
+        if self.status is not None:
+            try:
+                last = self.status() or ""
+            except Exception:  # pylint: disable=broad-except
+                last = ""
+        details = [duration(self.elapsed())]
+        if lines:
+            details.append("%d line%s of output" % (lines, "" if lines == 1 else "s"))
+        text = "still %s (%s)" % (self.what, ", ".join(details))
+        if last:
+            last = " ".join(last.split())
+            if len(last) > self.LAST_WIDTH:
+                last = last[:self.LAST_WIDTH - 3] + "..."
+            text += ": " + last
+        return text
+
+    def _beat(self):
+        while not self._stop.wait(self.interval):
+            self.lab.log(self.report())
+
+    def __enter__(self):
+        if self.interval:
+            self._thread = threading.Thread(target=self._beat, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.say_done and exc_type is None and not self.failed and self.elapsed() >= (self.interval or float("inf")):
+            self.lab.log("%s: done in %s" % (self.what, duration(self.elapsed())))
+        return False
+
+
+def _read_lines(stream, lines, progress):
+    for text in iter(stream.readline, ""):
+        lines.append(text)
+        progress.line(text)
+    stream.close()
 
 
 def add_command(sub, name, func, text, **defaults):

@@ -161,7 +161,7 @@ def go_env():
 
 def build_command(out, source=None, commit="unknown"):
     """`go build -C <source>`: nothing is written into the source tree (it may be read-only)."""
-    return [GO, "build", "-C", source or SOURCE, "-trimpath", "-ldflags=" + ldflags(commit), "-o", out, PACKAGE]
+    return [GO, "build", "-C", source or SOURCE, "-v", "-trimpath", "-ldflags=" + ldflags(commit), "-o", out, PACKAGE]
 
 
 def layout_dir():
@@ -260,7 +260,7 @@ def ensure_build(rebuild=False):
         try:
             started = time.time()
             run(build_command(os.path.join(staging, BINARY), commit=commit), timeout=BUILD_TIMEOUT, env=go_env(),
-                cwd=staging)
+                cwd=staging, progress="building the GPU Operator")
             seconds = round(time.time() - started, 1)
             layout_digest = make_layout(os.path.join(staging, "opt"))
             os.makedirs(os.path.dirname(binary_path()), exist_ok=True)
