@@ -350,6 +350,9 @@ def _restored_checks(restored, seen):
     return checks
 
 
+GENERATED_CHECK = "initramfs and boot loader generated"
+
+
 def _leftover_checks(gpus, managed, seen, expected, workload_type):
     checks = []
     drivers = dict((str(g["address"]), g["driver"]) for g in gpus)
@@ -415,6 +418,12 @@ def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="fin
     checks = []
     if not pending:
         checks.extend(_boot_checks(iommu, workload_type in IOMMU_WORKLOAD_TYPES, cpu_vendor, iommu_pt, workload_type))
+    # kernel_modules and kernel_cmdline keep a pending record while the initramfs or grub.cfg is generated from
+    # their files: one left behind means a run was cut short there, and the host boots without the settings.
+    unfinished = list(managed.get("pending") or [])
+    checks.append(_check(GENERATED_CHECK, not unfinished,
+                         "left by a run cut short before it finished: %s; run the preparation again" % unfinished
+                         if unfinished else "no pending initramfs or grub.cfg generation"))
     checks.extend(_leftover_checks(gpus, managed, seen, expected, workload_type))
     if workload_type == "vm-passthrough" and vfio_binding == "host" and not pending and stage == "final":
         checks.append(_check("GPUs on vfio-pci",

@@ -52,7 +52,15 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._shellvars import (
     set_grub_variables,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import TIMEOUT_RC, GpuopsError
-from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import Transaction
+from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import (
+    Transaction,
+    clear_pending,
+    describe_pending,
+    mark_pending,
+    pending_path,
+    read_pending,
+    write_text,
+)
 
 
 DROPIN_NAME = "99-gpuops-sandbox.cfg"
@@ -64,6 +72,9 @@ GRUB2_GENERATED = ("/boot/grub2/grubenv", "/boot/grub2/grub.cfg", KERNEL_CMDLINE
 # timeout(1) exits with TIMEOUT_RC when the command ran out of time, and with 128 + SIGKILL (137) when the
 # command also ignored SIGTERM and was killed --kill-after seconds later.
 KILLED_AFTER_TIMEOUT_RC = 137
+
+# The pending record (see _persist.mark_pending) of a boot configuration written but not yet generated from.
+PENDING = "bootloader"
 
 # The failures of the backends: GpuopsError, whose ``extra`` holds further result keys (rc, rolled_back, ...).
 ModuleFailure = GpuopsError
@@ -83,6 +94,7 @@ class Plan:
         self.diff = []
         self.note = ""
         self.record = None  # (before text or None, after text or None) of RECORD_FILE when it changes
+        self.pending = None  # label of the pending record kept while the commands generate from the files
 
 
 class Context:
@@ -207,9 +219,16 @@ def plan_grub(ctx):
                             % (ctx.shown(dropin), ", ".join(later) or "(unknown)"))
 
     plan.cmdline_args = new_segments[0] + new_segments[1]
-    if new_text != old_text:
+    # The drop-in is written before grub.cfg is generated from it: a run cut short in between left a pending
+    # record, and then grub.cfg is generated again although the drop-in already says what it should.
+    earlier = read_pending(ctx.root, PENDING)
+    if new_text != old_text or earlier is not None:
         plan.needs_change = True
-        plan.files.append((dropin, old_text, new_text))
+        plan.pending = ctx.shown(dropin)
+        if new_text != old_text:
+            plan.files.append((dropin, old_text, new_text))
+        else:
+            plan.note = describe_pending(earlier) + ": grub.cfg is generated again"
         if update_grub:
             plan.commands.append([update_grub])
         else:
@@ -394,7 +413,24 @@ def detect_backend(ctx):
 def execute(ctx, plan):
     """Write the files and the record, run the commands, verify; on any failure put every file back and fail."""
     txn = Transaction(ctx.module)
+    pending_before = read_text(ctx.path(pending_path(PENDING)))
+    pending_dirs = []
+
+    def rollback():
+        done, errors = txn.rollback()
+        if plan.pending:
+            try:
+                if pending_before is None:
+                    clear_pending(ctx.root, PENDING, pending_dirs)
+                elif read_text(ctx.path(pending_path(PENDING))) != pending_before:
+                    write_text(ctx.module, ctx.root, pending_path(PENDING), pending_before)
+            except (OSError, IOError) as exc:
+                errors.append("%s: %s" % (pending_path(PENDING), getattr(exc, "reason", exc)))
+        return done, errors
+
     try:
+        if plan.pending:
+            pending_dirs.extend(mark_pending(ctx.module, ctx.root, PENDING, plan.pending))
         for path in plan.backup_only:
             txn.backup(path)
         for path, _before, after in plan.files:
@@ -405,7 +441,7 @@ def execute(ctx, plan):
         if plan.record is not None:
             txn.write_record(ctx.root, RECORD_FILE, plan.record[0], plan.record[1])
     except (OSError, IOError, ModuleFailure) as exc:
-        done, errors = txn.rollback()
+        done, errors = rollback()
         raise ModuleFailure("writing the boot configuration failed: %s; rolled back (%s)%s"
                             % (getattr(exc, "msg", exc), "; ".join(done) or "nothing to restore",
                                "; ROLLBACK ERRORS: " + "; ".join(errors) if errors else ""),
@@ -413,7 +449,7 @@ def execute(ctx, plan):
     for argv in plan.commands:
         rc, out, err = run(ctx, argv)
         if rc != 0:
-            done, errors = txn.rollback()
+            done, errors = rollback()
             raise ModuleFailure(
                 "%s. Rolled back the boot configuration: %s%s. The boot configuration is as it was before"
                 % (command_failure(argv, rc, out, err), "; ".join(done) or "nothing to restore",
@@ -425,10 +461,12 @@ def execute(ctx, plan):
         except ModuleFailure as exc:
             problem = "reading the result back failed: %s" % exc.msg
         if problem:
-            done, errors = txn.rollback()
+            done, errors = rollback()
             raise ModuleFailure("%s. Rolled back: %s%s" % (problem, "; ".join(done) or "nothing to restore",
                                                            "; ROLLBACK ERRORS: " + "; ".join(errors) if errors else ""),
                                 rolled_back=not errors, backup_files=txn.backups)
+    if plan.pending:
+        clear_pending(ctx.root, PENDING)
     return txn.backups
 
 

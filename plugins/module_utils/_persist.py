@@ -11,6 +11,12 @@ Every failure of :func:`write_text` (creating the directory, writing the temp fi
 ansible-core 2.19 reports as a bare ``Exception``, the mode and owner) is raised as :class:`PersistError`,
 a GpuopsError that is also an OSError, so each caller handles it with its rollback.
 
+A step that writes files and then runs a command that builds something from them (the initramfs from
+modprobe.d, grub.cfg from /etc/default/grub.d) leaves a *pending record* (:func:`mark_pending`) on disk
+before it starts and clears it once the command succeeded. A run cut short in between (a power loss, a
+killed controller) leaves the record behind; the next run sees it (:func:`read_pending`) and runs the
+command again, although the files already hold what they should.
+
 Two ways to roll back live here: :func:`snapshot` and :func:`restore` (content kept in memory, used by
 most modules), and :class:`Transaction` (backup files on disk, used by kernel_cmdline for the boot
 configuration; its docstring says why it is not built on the first).
@@ -18,9 +24,11 @@ configuration; its docstring says why it is not built on the first).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import time
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
@@ -127,6 +135,86 @@ def changed_files(root, wanted):
         elif current != text:
             changes[path] = text
     return changes
+
+
+PENDING_DIR = "/var/lib/gpuops/pending"
+
+
+def pending_path(name):
+    """Host path of the pending record ``name`` (``initramfs``, ``bootloader``)."""
+    return "%s/%s.json" % (PENDING_DIR, name)
+
+
+def read_pending(root, name):
+    """The pending record ``name`` an unfinished step left (a dict), or None when there is none.
+
+    A record that cannot be parsed (cut short while it was written) still means pending: it reads as {}."""
+    text = read_text(root, pending_path(name))
+    if text is None:
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def mark_pending(module, root, name, what):
+    """Record, durably, that ``what`` (a label: the settings set, the drop-in) changed and the command that
+    builds from it has not finished yet; labels of an earlier unfinished step are kept.
+
+    Returns the directories it had to create (deepest first), for :func:`clear_pending` after a rollback."""
+    record = read_pending(root, name) or {}
+    earlier = record.get("changed")
+    labels = set(str(x) for x in earlier) if isinstance(earlier, list) else set()
+    labels.add(what)
+    since = record.get("since") if isinstance(record.get("since"), str) else None
+    record = {"changed": sorted(labels), "since": since or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path = pending_path(name)
+    created = []
+    missing = os.path.dirname(host_path(root, path))
+    while not os.path.lexists(missing) and missing != os.path.dirname(missing):
+        created.append(missing)
+        missing = os.path.dirname(missing)
+    write_text(module, root, path, json.dumps(record, sort_keys=True) + "\n")
+    _sync(host_path(root, path))
+    return created
+
+
+def clear_pending(root, name, created=()):
+    """Remove the pending record ``name`` once its command succeeded (durably, like its writing), and the
+    directories ``created`` for it when they are empty (a rollback leaves no trace on a fresh host)."""
+    path = host_path(root, pending_path(name))
+    if remove_file(root, pending_path(name)):
+        _sync(os.path.dirname(path))
+    for directory in created:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            break
+
+
+def describe_pending(record):
+    """'an earlier run changed X and did not finish (since T)' for messages and results."""
+    changed = record.get("changed")
+    changed = ", ".join(str(x) for x in changed) if isinstance(changed, list) and changed else "boot files"
+    since = record.get("since") if isinstance(record.get("since"), str) else None
+    return "an earlier run changed %s and did not finish%s" % (changed, " (since %s)" % since if since else "")
+
+
+def _sync(path):
+    """fsync ``path`` and its directory, so a power loss right after cannot lose what was just written."""
+    for target in (path, os.path.dirname(path)):
+        try:
+            fd = os.open(target, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def snapshot(root, paths):

@@ -345,7 +345,8 @@ ansible_facts:
         managed_files:
           description:
             - This collection's boot files present on the host, by what they do - C(kernel_cmdline), C(nouveau),
-              C(vfio_modules), C(vfio_rules), C(mdev_definitions), C(sriov_definitions).
+              C(vfio_modules), C(vfio_rules), C(mdev_definitions), C(sriov_definitions); C(pending) lists the
+              records of an initramfs or grub.cfg generation that a run cut short did not finish.
           type: dict
           sample: {"nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"], "vfio_rules": []}
         sriov:
@@ -458,6 +459,8 @@ MANAGED_FILES = {
     "vfio_modules": ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"],
     "mdev_definitions": ["/etc/gpuops/mdev-devices.conf"],
     "sriov_definitions": ["/etc/gpuops/sriov-vfs.conf"],
+    # Left by kernel_modules / kernel_cmdline while the initramfs or grub.cfg is generated: a run cut short there.
+    "pending": ["/var/lib/gpuops/pending/initramfs.json", "/var/lib/gpuops/pending/bootloader.json"],
 }
 VFIO_RULES_DIR = "/etc/udev/rules.d"
 VFIO_RULE_PREFIX = "61-gpuops-vfio-"

@@ -22,6 +22,10 @@ description:
     one of the files changed, since modprobe.d files are copied into it. If the rebuild fails, the files are
     put back as they were and the failure names the command and its output.
   - If writing one of the files fails, the files already written are put back as they were too.
+  - Before it writes, a record that the initramfs is due goes to C(/var/lib/gpuops/pending/initramfs.json)
+    (synced to disk), and it goes once the rebuild succeeded. A run cut short in between (a power loss, a
+    killed controller) leaves the record, and the next run rebuilds the initramfs although the files already
+    hold what they should, and says why in RV(rebuild_reason).
   - Every value is checked before anything is written; kernel module names are letters, digits, C(_) and
     C(-), at most 55 characters (the kernel's limit).
   - Nothing is loaded or unloaded now; the result says when a reboot is needed for the settings to apply.
@@ -81,8 +85,9 @@ options:
   rebuild:
     description:
       - When to rebuild the initramfs. V(changed) rebuilds when a file of this set changed; V(always) rebuilds
-        even when nothing changed (to pick up another set written with V(never) in the same run); V(never) writes
-        the files only and says in RV(initramfs_pending) that a rebuild is due.
+        even when nothing changed; V(never) writes the files only and says in RV(initramfs_pending) that a rebuild
+        is due. With V(changed), a rebuild that an earlier call left due (another set written with V(never), or a
+        run cut short before its rebuild finished) is done too.
     type: str
     choices: [changed, always, never]
     default: changed
@@ -161,9 +166,16 @@ initramfs_rebuilt:
   returned: always
   type: bool
 initramfs_pending:
-  description: True when files changed but the initramfs was not rebuilt (O(rebuild=never) or no generator).
+  description:
+    - True when the initramfs is due for a rebuild that did not happen (files changed with O(rebuild=never) or no
+      generator, or such a rebuild was already due from an earlier call).
   returned: always
   type: bool
+rebuild_reason:
+  description: Why the initramfs was (or would be) rebuilt; empty when it was not.
+  returned: always
+  type: str
+  sample: an earlier run changed gpuops-nouveau and did not finish (since 2026-11-24T09:30:00Z)
 reboot_required:
   description:
     - True when the settings changed (they apply at the next boot), or when a blacklisted module is loaded now.
@@ -211,6 +223,8 @@ LOAD_DIR = "/etc/modules-load.d"
 INITRAMFS_TOOLS_DIR = "/usr/share/initramfs-tools/modules.d"
 DRACUT_DIR = "/etc/dracut.conf.d"
 TOOLS = {"initramfs-tools": "update-initramfs", "dracut": "dracut"}
+# The pending record (see _persist.mark_pending) of an initramfs rebuild that has not finished.
+PENDING = "initramfs"
 
 
 class ModulesError(GpuopsError):
@@ -349,7 +363,15 @@ def run(module, root):
     tool = detect_tool(module, params["initramfs_tool"], root)
     wanted = wanted_files(params, tool)
     changes = _persist.changed_files(root, wanted)
-    rebuild = tool != "none" and (params["rebuild"] == "always" or (bool(changes) and params["rebuild"] == "changed"))
+    earlier = _persist.read_pending(root, PENDING)
+    reason = ""
+    if tool != "none" and params["rebuild"] == "always":
+        reason = "requested (rebuild=always)"
+    elif tool != "none" and params["rebuild"] == "changed" and changes:
+        reason = "files of set %s changed" % params["name"]
+    elif tool != "none" and params["rebuild"] == "changed" and earlier is not None:
+        reason = _persist.describe_pending(earlier)
+    rebuild = bool(reason)
     loaded = loaded_modules(root, params["blacklist"]) if params["state"] == "present" else []
     result = {
         "changed": bool(changes) or rebuild,
@@ -358,8 +380,10 @@ def run(module, root):
                   if wanted[path] is not None or path in changes],
         "initramfs_tool": tool,
         "initramfs_rebuilt": rebuild,
-        "initramfs_pending": bool(changes) and not rebuild,
-        "reboot_required": bool(changes) or bool(loaded),
+        "initramfs_pending": (bool(changes) or earlier is not None) and not rebuild,
+        "rebuild_reason": reason,
+        # An initramfs an earlier run left due may be the one the host booted with: it needs the reboot too.
+        "reboot_required": bool(changes) or bool(loaded) or (rebuild and earlier is not None),
         "loaded_blacklisted": loaded,
     }
     if module._diff:
@@ -374,12 +398,16 @@ def run(module, root):
 
     # Find the generator before writing anything, so a missing one changes nothing.
     cmd = rebuild_command(module, tool) if rebuild else None
-    saved = _persist.snapshot(root, list(changes))
+    saved = _persist.snapshot(root, list(changes) + [_persist.pending_path(PENDING)])
+    created = []
     try:
+        created = _persist.mark_pending(module, root, PENDING, params["name"]) if changes else []
         _persist.apply_files(module, root, changes)
     except Exception as exc:  # pylint: disable=broad-exception-caught
         # PersistError (any failed write) or a failed removal; anything else must not skip the rollback either.
         errors = _persist.restore(module, root, saved)
+        if earlier is None:
+            _persist.clear_pending(root, PENDING, created)
         reason = exc if isinstance(exc, (GpuopsError, IOError, OSError)) else "%s: %s" % (type(exc).__name__, exc)
         raise ModulesError("writing the module settings failed (%s); %s" % (
             reason, "rollback failed: %s" % "; ".join(errors) if errors else "the files were put back as they were"))
@@ -387,11 +415,14 @@ def run(module, root):
         rc, out, err = _run_with_timeout(module, cmd, params["timeout"])
         if rc != 0:
             errors = _persist.restore(module, root, saved)
+            if earlier is None:
+                _persist.clear_pending(root, PENDING, created)
             rollback = ("rollback failed: %s" % "; ".join(errors) if errors else
                         "the module files were put back as they were; the initramfs may need `%s` again"
                         % " ".join(cmd))
             raise ModulesError("%s failed (rc=%s): %s; %s" % (
                 " ".join(cmd), rc, (err or out).strip()[-2000:], rollback))
+        _persist.clear_pending(root, PENDING)
     return result
 
 

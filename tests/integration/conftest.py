@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -130,6 +131,88 @@ def switch_run(scenario_batch):  # pylint: disable=redefined-outer-name
     run_ = BackgroundRuns({"switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}})
     yield run_
     run_.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# A power loss in the middle of a first preparation (test_87), in the background on lab-vgpu
+# ---------------------------------------------------------------------------------------------
+
+POWER_LOSS_HOST = "lab-vgpu"
+PENDING_INITRAMFS = "/var/lib/gpuops/pending/initramfs.json"
+# What the initramfs carries of this collection, whether an initramfs rebuild is due, and the command line.
+INITRAMFS_STATE = ("lsinitramfs /boot/initrd.img-$(uname -r) | grep -c 'etc/modprobe.d/gpuops-nouveau.conf' || true; "
+                   "ls /var/lib/gpuops/pending 2>/dev/null | tr '\\n' ' '; echo; cat /proc/cmdline")
+
+
+class PowerLossRun:
+    """The preparation of a pristine lab-vgpu, powered off (QEMU quits: no flush, no shutdown) while its
+    initramfs is being generated, booted again, then prepared once more, all in a thread beside the other
+    tests. results() waits for it: a dict of what each step saw (see run_power_loss)."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.dir = tempfile.mkdtemp(prefix="gpuops-power-loss-")
+        self._results = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        BackgroundRuns.started_runs.append(self)
+
+    def _run(self):
+        try:
+            run_power_loss(self._results, self.dir)
+        except Exception as exc:  # pylint: disable=broad-except
+            self._results["error"] = "%s: %s" % (type(exc).__name__, exc)
+        self._results["elapsed"] = time.monotonic() - self.started
+
+    def results(self, timeout=3600):
+        self._thread.join(timeout)
+        return self._results
+
+    def kill(self):
+        """Nothing to kill: the thread's commands have their own time limits."""
+
+
+def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
+    lab("reset", "--no-start", host, check=True)
+    lab("start", host, check=True, timeout=1800)
+    playbook = ["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit", host]
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    with open(os.path.join(directory, "first.log"), "w+", encoding="utf-8") as first_log:
+        first = subprocess.Popen(playbook, cwd=TOP, env=env, stdout=first_log, stderr=subprocess.STDOUT,  # pylint: disable=consider-using-with
+                                 stdin=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline and first.poll() is None:
+            busy = lab("ssh", host, "--", "pgrep -f '[m]kinitramfs|[u]pdate-initramfs' >/dev/null && echo busy || true",
+                       timeout=120).stdout
+            if "busy" in busy:
+                seen["generating"] = True
+                break
+            time.sleep(1)
+        # Well into the generation (it takes tens of seconds under emulation), then the power goes.
+        time.sleep(5)
+        seen["still_generating"] = "busy" in lab(
+            "ssh", host, "--", "pgrep -f '[m]kinitramfs|[u]pdate-initramfs' >/dev/null && echo busy || true",
+            timeout=120).stdout
+        lab("stop", "--force", host, check=True, timeout=300)
+        first.wait(timeout=900)
+        first_log.seek(0)
+        seen["first_rc"], seen["first_out"] = first.returncode, first_log.read()
+    lab("start", host, check=True, timeout=1800)
+    seen["after_power_loss"] = lab("ssh", host, "--", INITRAMFS_STATE, check=True, timeout=300).stdout
+    again = run(playbook, timeout=3000)
+    seen["again_rc"], seen["again_out"] = again.returncode, again.stdout
+    seen["after_again"] = lab("ssh", host, "--", INITRAMFS_STATE, check=True, timeout=300).stdout
+
+
+@pytest.fixture(scope="session")
+def power_loss_run(scenario_batch):  # pylint: disable=redefined-outer-name
+    """The power-loss run on lab-vgpu, started once the vm_vgpu scenario has ended (the host is then free);
+    None when that scenario failed (the lab host may be in any state)."""
+    if scenario_batch.results()["vm_vgpu"][0] != 0:
+        yield None
+        return
+    yield PowerLossRun()
 
 
 @pytest.fixture(scope="session")

@@ -54,8 +54,9 @@ def host_state(host):
     (["-e", "gpuops_workload_type=gpu-magic"],
      r"preflight_workload_type must be one of: , container, vm-passthrough, vm-vgpu, dra, got: gpu-magic"),
 ], ids=["iommu-off-in-firmware", "dra-iommu-off-in-firmware", "unsupported-os", "bad-workload-type"])
-def test_preflight_failure_changes_nothing(scenario_runs, switch_run, extra, expected):  # pylint: disable=unused-argument
-    # The switch scenario runs on lab-passthrough meanwhile (switch_run starts it; test_85 checks it).
+def test_preflight_failure_changes_nothing(scenario_runs, switch_run, power_loss_run, extra, expected):  # pylint: disable=unused-argument
+    # The switch scenario runs on lab-passthrough meanwhile (switch_run starts it; test_85 checks it), and the
+    # power-loss run on lab-vgpu (power_loss_run starts it; test_87 checks it).
     lab("start", "lab-container", check=True, timeout=1800)
     before = host_state("lab-container")
     proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",

@@ -102,17 +102,31 @@ def test_a_prepared_host_passes_every_check(workload_type, stage):
 
 
 def test_the_checks_of_each_type():
-    assert list(run(PASSTHROUGH)) == ["kernel command line", "IOMMU groups", "no vGPU devices or VF records left",
+    generated = "initramfs and boot loader generated"
+    assert list(run(PASSTHROUGH)) == ["kernel command line", "IOMMU groups", generated, "no vGPU devices or VF records left",
                                       "GPUs on vfio-pci", "vfio boot settings"]
-    assert list(run(CONTAINER)) == ["no IOMMU arguments of a VM node", "no vfio-pci binding left", "no vfio driver_override left",
-                                    "0000:65:00.0 back on nvidia", "0000:65:00.1 back on snd_hda_intel",
-                                    "no vGPU devices or VF records left"]
-    assert list(run(VGPU)) == ["kernel command line", "IOMMU groups", "no vfio-pci binding left", "no vfio driver_override left",
-                               "vGPU devices", "SR-IOV VFs of 0000:b1:00.0"]
-    assert list(run(DRA)) == ["kernel command line", "IOMMU groups", "no vfio-pci binding left",
+    assert list(run(CONTAINER)) == ["no IOMMU arguments of a VM node", generated, "no vfio-pci binding left",
+                                    "no vfio driver_override left", "0000:65:00.0 back on nvidia",
+                                    "0000:65:00.1 back on snd_hda_intel", "no vGPU devices or VF records left"]
+    assert list(run(VGPU)) == ["kernel command line", "IOMMU groups", generated, "no vfio-pci binding left",
+                               "no vfio driver_override left", "vGPU devices", "SR-IOV VFs of 0000:b1:00.0"]
+    assert list(run(DRA)) == ["kernel command line", "IOMMU groups", generated, "no vfio-pci binding left",
                               "no vGPU devices or VF records left"]
     assert list(run(PASSTHROUGH, stage="after-reboot")) == [
-        "kernel command line", "IOMMU groups", "no vGPU devices or VF records left", "0000:65:00.0 back on vfio-pci after the reboot"]
+        "kernel command line", "IOMMU groups", generated, "no vGPU devices or VF records left",
+        "0000:65:00.0 back on vfio-pci after the reboot"]
+
+
+@pytest.mark.parametrize("workload_type", sorted(HOSTS))
+@pytest.mark.parametrize("stage", ["final", "after-reboot"])
+def test_a_run_cut_short_while_generating_fails_every_type(workload_type, stage):
+    host = HOSTS[workload_type]
+    record = "/var/lib/gpuops/pending/initramfs.json"
+    managed = dict(host["host"]["managed_files"], pending=[record])
+    checks = run(dict(host, host=dict(host["host"], managed_files=managed)), stage=stage)
+    assert failed(checks) == ["initramfs and boot loader generated"]
+    assert record in checks["initramfs and boot loader generated"]["detail"]
+    assert "run the preparation again" in checks["initramfs and boot loader generated"]["detail"]
 
 
 def test_the_filter_is_registered():

@@ -130,7 +130,7 @@ def test_host_summary_of_a_bare_host(host):
     assert summary == {
         "os": NONE_OS, "kernel": None, "mdev_devices": [], "prepared": None,
         "managed_files": {"kernel_cmdline": [], "nouveau": [], "vfio_modules": [], "mdev_definitions": [],
-                          "sriov_definitions": [], "vfio_rules": []},
+                          "sriov_definitions": [], "vfio_rules": [], "pending": []},
         "sriov": {st.A100: {"numvfs": 2, "totalvfs": 20}, st.L40S: {"numvfs": 2, "totalvfs": 32}},
         "sriov_recorded": [],
     }
@@ -150,7 +150,11 @@ def test_managed_files_detected(host):
         "mdev_definitions": ["/etc/gpuops/mdev-devices.conf"],
         "sriov_definitions": ["/etc/gpuops/sriov-vfs.conf"],
         "vfio_rules": [],
+        "pending": [],
     }
+    # A run cut short while the initramfs was generated left its pending record.
+    host.write("/var/lib/gpuops/pending/initramfs.json", "{}\n")
+    assert gpu_facts.host_summary(host.root)["managed_files"]["pending"] == ["/var/lib/gpuops/pending/initramfs.json"]
     host.write("/etc/kernel/cmdline.d/99-gpuops-sandbox.conf", "x\n")
     host.write("/etc/modprobe.d/gpuops-vfio.conf", "x\n")
     managed = gpu_facts.host_summary(host.root)["managed_files"]

@@ -1040,8 +1040,14 @@ def test_failure_on_a_fresh_host_leaves_no_record_or_directory(tmp_path):
 def test_record_write_failure_rolls_back_the_boot_files(tmp_path):
     host = debian_host(tmp_path)
     snap = host.snapshot()
-    failure = _persist.PersistError(RECORD, "No space left on device")
-    with mock.patch.object(_persist, "write_text", side_effect=failure):
+    real_write = _persist.write_text
+
+    def write_text(module, root, path, *args, **kwargs):
+        if path == RECORD:
+            raise _persist.PersistError(RECORD, "No space left on device")
+        return real_write(module, root, path, *args, **kwargs)
+
+    with mock.patch.object(_persist, "write_text", side_effect=write_text):
         result = run(host, arguments=IOMMU)
     assert result["failed"] is True and "No space left on device" in result["msg"]
     assert "rolled back" in result["msg"] and "removed %s" % host.path(DROPIN) in result["msg"]
@@ -1100,3 +1106,52 @@ def test_replace_values_false_records_only_added_keys(tmp_path):
     result = run(host, arguments=["console=ttyS0,115200", "hugepages=16"], state="absent")
     assert result["restored"] == [] and "console=tty0 " in host.grub_cfg()
     assert not host.exists(DROPIN) and not host.exists(RECORD)
+
+
+# --- a run cut short between the drop-in and grub.cfg ---------------------------------------------
+
+PENDING = "/var/lib/gpuops/pending/bootloader.json"
+
+
+def test_grub_cfg_is_generated_under_a_pending_record_that_goes_after(tmp_path):
+    host = debian_host(tmp_path)
+    # update-grub shows what the record said while it ran.
+    host.script("update-grub", "#!/bin/sh\nROOT='%s'\nOUT=\"$ROOT/boot/grub/grub.cfg\"\n"
+                "cat \"$ROOT%s\" >> \"$ROOT/calls.log\"\n%s" % (host.root, PENDING, GENERATE))
+    result = run(host, arguments=IOMMU)
+    assert result["changed"] is True, result
+    during = json.loads(host.calls()[0])
+    assert during["changed"] == [DROPIN] and during["since"].endswith("Z")
+    assert not host.exists(PENDING) and os.listdir(host.path("/var/lib/gpuops/pending")) == []
+
+
+def test_a_run_cut_short_before_grub_cfg_was_generated_is_finished_by_the_next(tmp_path):
+    host = debian_host(tmp_path)
+    run(host, arguments=IOMMU)
+    # The power went off in update-grub: the drop-in says intel_iommu=on, grub.cfg does not.
+    host.write("/boot/grub/grub.cfg", "linux /vmlinuz root=UUID=1234 ro intel_iommu=off\n")
+    host.write(PENDING, '{"changed": ["%s"], "since": "2026-11-24T09:30:00Z"}\n' % DROPIN)
+    os.unlink(host.log)
+    result = run(host, check=True, arguments=IOMMU)
+    assert result["changed"] is True and host.calls() == [] and host.exists(PENDING)
+    assert "would run update-grub" in result["msg"]
+    result = run(host, arguments=IOMMU)
+    assert result["changed"] is True and result["reboot_required"] is True, result
+    assert host.calls() == ["update-grub "]
+    assert ("an earlier run changed %s and did not finish (since 2026-11-24T09:30:00Z): grub.cfg is generated again"
+            % DROPIN) in result["msg"]
+    grub_cfg = host.read("/boot/grub/grub.cfg")
+    assert "intel_iommu=on" in grub_cfg and "iommu=pt" in grub_cfg and not host.exists(PENDING)
+    result = run(host, arguments=IOMMU)
+    assert result["changed"] is False and host.calls() == ["update-grub "]
+
+
+def test_a_failed_regeneration_keeps_the_pending_record(tmp_path):
+    host = debian_host(tmp_path)
+    run(host, arguments=IOMMU)
+    text = '{"changed": ["%s"], "since": "2026-11-24T09:30:00Z"}\n' % DROPIN
+    host.write(PENDING, text)
+    host.update_grub(fail=True)
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True and "update-grub failed" in result["msg"]
+    assert host.read(PENDING) == text

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -43,6 +44,7 @@ LOAD = "/etc/modules-load.d/gpuops-vfio.conf"
 ITOOLS = "/usr/share/initramfs-tools/modules.d/gpuops-vfio"
 DRACUT_CONF = "/etc/dracut.conf.d/gpuops-vfio.conf"
 ALL_FILES = sorted([MODPROBE, LOAD, ITOOLS, DRACUT_CONF])
+PENDING_FILE = "/var/lib/gpuops/pending/initramfs.json"
 
 MODPROBE_TEXT = (HEADER % "gpuops-vfio"
                  + "blacklist nouveau\n"
@@ -70,7 +72,7 @@ class Host:
     def run_command(self, _module, args, **kwargs):
         self.commands.append(list(args))
         # The files are on disk when the generator runs: record what it would have copied.
-        self.seen = {path: self.text(path) for path in ALL_FILES}
+        self.seen = {path: self.text(path) for path in ALL_FILES + [PENDING_FILE]}
         return self.results.pop(0) if self.results else (0, "", "")
 
     def warn(self, _module, msg):
@@ -671,3 +673,93 @@ def test_rebuild_changed_is_idempotent(monkeypatch, host):
     host.commands.clear()
     kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild="changed"))
     assert kind == "exit" and result["changed"] is False and host.commands == []
+
+
+# --------------------------------------------------------------------------- a run cut short before its rebuild
+
+
+def pending_record(host):
+    text = host.text(PENDING_FILE)
+    return None if text is None else json.loads(text)
+
+
+def test_the_rebuild_is_recorded_as_due_while_it_runs_and_cleared_after(monkeypatch, host):
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit", result
+    # While the generator ran, the record said which set it was building for.
+    during = json.loads(host.seen[PENDING_FILE])
+    assert during["changed"] == ["gpuops-vfio"] and during["since"].endswith("Z")
+    assert pending_record(host) is None
+    assert result["rebuild_reason"] == "files of set gpuops-vfio changed"
+
+
+def test_a_run_cut_short_before_its_rebuild_finished_is_finished_by_the_next(monkeypatch, host):
+    # The first run wrote the files and died in update-initramfs (power loss): files and record on disk.
+    run(monkeypatch, VFIO_ARGS)
+    host.tree.write(PENDING_FILE, '{"changed": ["gpuops-vfio"], "since": "2026-11-24T09:30:00Z"}\n')
+    host.commands.clear()
+    kind, result = run(monkeypatch, VFIO_ARGS, check=True)
+    assert kind == "exit", result
+    assert result["changed"] is True and result["initramfs_rebuilt"] is True and result["reboot_required"] is True
+    assert result["rebuild_reason"] == "an earlier run changed gpuops-vfio and did not finish (since 2026-11-24T09:30:00Z)"
+    assert host.commands == [] and pending_record(host) is not None
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit", result
+    assert result["initramfs_rebuilt"] is True and not any(f["changed"] for f in result["files"])
+    assert host.commands == [[UPDATE_INITRAMFS, "-u", "-k", "all"]]
+    assert pending_record(host) is None
+    host.commands.clear()
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert result["changed"] is False and result["rebuild_reason"] == "" and host.commands == []
+
+
+@pytest.mark.parametrize("text", ["", "{not json", "[1, 2]", '{"changed": "x", "since": 5}'])
+def test_a_record_cut_short_itself_still_means_due(monkeypatch, host, text):
+    run(monkeypatch, VFIO_ARGS)
+    host.tree.write(PENDING_FILE, text)
+    host.commands.clear()
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit", result
+    assert result["initramfs_rebuilt"] is True
+    assert result["rebuild_reason"] == "an earlier run changed boot files and did not finish"
+    assert pending_record(host) is None
+
+
+def test_a_failed_rebuild_leaves_the_due_record_as_it_found_it(monkeypatch, host):
+    run(monkeypatch, VFIO_ARGS)
+    host.tree.write(PENDING_FILE, '{"changed": ["gpuops-nouveau"], "since": "2026-11-24T09:30:00Z"}\n')
+    host.results = [(1, "", "mkinitramfs: failed")]
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, load=["vfio"]))
+    assert kind == "fail", result
+    assert "the module files were put back as they were" in result["msg"]
+    assert json.loads(host.seen[PENDING_FILE])["changed"] == ["gpuops-nouveau", "gpuops-vfio"]
+    assert pending_record(host) == {"changed": ["gpuops-nouveau"], "since": "2026-11-24T09:30:00Z"}
+    assert host.text(LOAD) == LIST_TEXT
+
+
+def test_a_failed_first_rebuild_leaves_no_record(monkeypatch, host):
+    host.results = [(1, "", "mkinitramfs: failed")]
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "fail", result
+    assert pending_record(host) is None and host.files() == dict.fromkeys(ALL_FILES)
+    assert not os.path.exists(host.tree.path("/var"))
+
+
+def test_never_leaves_the_rebuild_due_and_the_next_changed_call_does_it(monkeypatch, host):
+    kind, result = run(monkeypatch, {"name": "gpuops-nouveau", "blacklist": ["nouveau"], "rebuild": "never"})
+    assert kind == "exit", result
+    assert result["initramfs_pending"] is True and result["initramfs_rebuilt"] is False and host.commands == []
+    assert pending_record(host)["changed"] == ["gpuops-nouveau"]
+    # Another set with nothing to change picks the due rebuild up.
+    run(monkeypatch, VFIO_ARGS)
+    host.commands.clear()
+    kind, result = run(monkeypatch, {"name": "gpuops-nouveau", "blacklist": ["nouveau"], "rebuild": "never"})
+    assert result["initramfs_pending"] is False and result["changed"] is False
+
+
+def test_no_generator_keeps_the_record_and_says_the_rebuild_is_due(monkeypatch, host):
+    host.tree.write(PENDING_FILE, '{"changed": ["gpuops-vfio"]}\n')
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, initramfs_tool="none"))
+    assert kind == "exit", result
+    assert result["initramfs_rebuilt"] is False and result["initramfs_pending"] is True and host.commands == []
+    assert pending_record(host)["changed"] == ["gpuops-vfio"]
