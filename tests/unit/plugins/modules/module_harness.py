@@ -62,6 +62,35 @@ def call(monkeypatch, func, args):
     raise AssertionError("the module returned without calling exit_json or fail_json")
 
 
+def call_main(monkeypatch, module, root, args):
+    """Run ``module.main()``, its only entry point, with ``args`` on the tree at ``root`` (its ROOT for the
+    rest of the test); return ``("exit"|"fail", result)``."""
+    monkeypatch.setattr(module, "ROOT", root)
+    return call(monkeypatch, module.main, args)
+
+
+def assert_ends_cleanly(kind, result):
+    """The run ended in exit_json, or in fail_json with a message of its own (no traceback, no bug)."""
+    assert kind in ("exit", "fail")
+    if kind == "fail":
+        assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"] and "unexpectedly" not in result["msg"]
+
+
+def assert_fails_with(kind, result, fragments):
+    """The run ended in fail_json with a message that contains every one of ``fragments``."""
+    assert kind == "fail"
+    for fragment in fragments:
+        assert fragment in result["msg"]
+
+
+def raising(exc):
+    """A stand-in for a function of the module under test that raises ``exc`` whatever it is called with."""
+    def stand_in(*_args, **_kwargs):
+        raise exc
+    return stand_in
+
+
 def raise_on_exit(monkeypatch):
     """Make exit_json/fail_json raise ModuleExit/ModuleFail for the rest of the test."""
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
