@@ -40,20 +40,11 @@ notes:
     C(status.allocatable) are authoritative once the plugin runs.
 extends_documentation_fragment:
   - gpuops.sandbox.pci_selectors
+  - gpuops.sandbox.attributes
+  - gpuops.sandbox.attributes.facts
 attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
-  facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
-    support: full
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation
-      indicates no change.
-    support: full
 seealso:
   - module: gpuops.sandbox.iommu_check
 """

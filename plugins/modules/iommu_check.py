@@ -60,17 +60,10 @@ notes:
   - A flag on the kernel command line is reported but is not taken as proof; only IOMMU groups are.
 extends_documentation_fragment:
   - gpuops.sandbox.pci_selectors
+  - gpuops.sandbox.attributes
 attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation
-      indicates no change.
-    support: full
 seealso:
   - module: gpuops.sandbox.gpu_facts
 """
