@@ -157,6 +157,35 @@ def test_driver_refuses_and_old_count_restored(host):
     assert numvfs(tree) == 2
 
 
+def test_driver_refuses_and_autoprobe_restored(host):
+    tree, kernel = host
+    kernel.refuse["/sriov_numvfs"] = errno.ENOMEM
+    result, failed = run(tree, {"pf": NVME_PF, "count": 2, "autoprobe": False})
+    assert failed and "Cannot allocate memory" in result["msg"]
+    assert result["msg"].endswith("; sriov_drivers_autoprobe restored to 1")
+    assert tree.read("/sys/bus/pci/devices/%s/sriov_drivers_autoprobe" % NVME_PF) == "1" and numvfs(tree) == 0
+
+
+def test_driver_refuses_and_restoring_autoprobe_fails(host):
+    tree, kernel = host
+    autoprobe_writes = []
+
+    def refuse(_kernel, _path, rel, value):
+        if rel.endswith("/sriov_numvfs"):
+            raise _oserror(errno.ENOMEM, rel)
+        if rel.endswith("/sriov_drivers_autoprobe"):
+            autoprobe_writes.append(value)
+            if len(autoprobe_writes) > 1:
+                raise _oserror(errno.EIO, rel)
+        return False
+
+    kernel.hooks.append(refuse)
+    result, failed = run(tree, {"pf": NVME_PF, "count": 2, "autoprobe": False})
+    assert failed and "Cannot allocate memory" in result["msg"]
+    assert "; restoring sriov_drivers_autoprobe failed: " in result["msg"] and autoprobe_writes == ["0", "1"]
+    assert tree.read("/sys/bus/pci/devices/%s/sriov_drivers_autoprobe" % NVME_PF) == "0"
+
+
 # --------------------------------------------------------------------------- bounds checked before any change
 
 
