@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov, _sysfs
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
 from ansible_collections.gpuops.sandbox.plugins.modules import sriov_vfs
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import raise_on_exit, run_main
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
@@ -24,6 +24,7 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sri
     FakeTree,
     _oserror,
     add_nvme_pf,
+    install_kernel,
 )
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOSTILE_VALUES
 
@@ -36,9 +37,7 @@ def patched(monkeypatch):
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     tree = FakeTree(tmp_path)
-    kernel = FakeKernel(tree)
-    monkeypatch.setattr(_sriov, "write_attr", kernel.write)
-    monkeypatch.setattr(_sysfs, "_sleep", lambda _seconds: None)
+    kernel = install_kernel(tree, monkeypatch)
     add_nvme_pf(tree)
     return tree, kernel
 
