@@ -13,6 +13,15 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 
+# Timeouts outside the 0 to 3600 seconds the modules that write sysfs accept (_sysfs.MAX_WAIT), each with the
+# message it gives (mdev_create, sriov_vfs, vfio_bind).
+TIMEOUTS_OUT_OF_BOUNDS = [
+    (10 ** 30, "timeout must be 0 to 3600 seconds, got a number of 31 digits; nothing was changed"),
+    (3601, "timeout must be 0 to 3600 seconds, got 3601; nothing was changed"),
+    (True, "timeout must be a whole number of seconds, got True; nothing was changed"),
+]
+
+
 class ModuleExit(SystemExit):
     """exit_json was called; ``result`` holds its keyword arguments (a SystemExit, as the real exit_json's)."""
 
@@ -82,6 +91,16 @@ def assert_fails_with(kind, result, fragments):
     assert kind == "fail"
     for fragment in fragments:
         assert fragment in result["msg"]
+
+
+def assert_run_ends_cleanly(result, failed):
+    """A :func:`run_main` outcome: failed with a message of its own (no traceback), or a changed flag."""
+    assert isinstance(result, dict)
+    if failed:
+        assert isinstance(result["msg"], str) and result["msg"]
+        assert "Traceback" not in result["msg"]
+    else:
+        assert isinstance(result["changed"], bool)
 
 
 def raising(exc):
