@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+from unittest import mock
 
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
@@ -114,6 +116,31 @@ def raise_on_exit(monkeypatch):
     """Make exit_json/fail_json raise ModuleExit/ModuleFail for the rest of the test."""
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
+
+
+def run_with_commands(module, host, params, check=False, diff=False, root_name="ROOT"):
+    """Run ``module.main()`` on ``host`` (a command_host.CommandHost): the module's ``root_name`` at its root,
+    ``get_bin_path`` finding only its fake commands; return the result of exit_json or fail_json with the
+    ``warnings`` the module gave."""
+    warnings = []
+
+    def get_bin_path(self, arg, required=False, opt_dirs=None):  # pylint: disable=unused-argument
+        candidate = os.path.join(host.bin, arg)
+        if os.path.exists(candidate):
+            return candidate
+        if required:
+            self.fail_json(msg="Failed to find required executable %r" % arg)
+        return None
+
+    full = dict(params, _ansible_check_mode=check, _ansible_diff=diff)
+    with mock.patch.multiple(basic.AnsibleModule, exit_json=_exit_json, fail_json=_fail_json,
+                             get_bin_path=get_bin_path, warn=lambda self, text: warnings.append(text)), \
+            mock.patch.object(module, root_name, host.root), patch_module_args(full):
+        try:
+            module.main()
+        except (ModuleExit, ModuleFail) as done:
+            return dict(done.result, warnings=warnings)
+    raise AssertionError("the module returned without calling exit_json or fail_json")
 
 
 def run_main(module, root, args, check=False, diff=False):
