@@ -508,10 +508,14 @@ def read_bls_options(path):
     return None
 
 
-def parse_grubby_info(text):
-    """Parse ``grubby --info=ALL`` output into a list of ``{"kernel": str, "args": [tokens]}``."""
+def grubby_info_entries(text):
+    """Split ``grubby --info=...`` output into its entries, each a list of ``(key, value)`` in output order.
+
+    An ``index=`` line starts an entry (key=value lines before the first one make an entry of their own);
+    keys and values are stripped and double quotes around a value removed; lines without ``=`` are skipped.
+    The one parser of that output (kernel_cmdline, kexec_load).
+    """
     entries = []
-    current = None
     for line in (text or "").splitlines():
         key, sep, value = line.partition("=")
         if not sep:
@@ -520,11 +524,26 @@ def parse_grubby_info(text):
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] == '"':
             value = value[1:-1]
-        if key == "index":
-            current = {"index": value, "kernel": None, "args": []}
-            entries.append(current)
-        elif current is not None and key == "kernel":
-            current["kernel"] = value
-        elif current is not None and key == "args":
-            current["args"] = split_cmdline(value)
-    return [e for e in entries if e["kernel"] and e["kernel"] != "non linux entry"]
+        if key == "index" or not entries:
+            entries.append([])
+        entries[-1].append((key, value))
+    return entries
+
+
+def parse_grubby_info(text):
+    """Parse ``grubby --info=ALL`` output into a list of ``{"index", "kernel": str, "args": [tokens]}``.
+
+    Entries that name no Linux kernel are left out.
+    """
+    result = []
+    for pairs in grubby_info_entries(text):
+        if pairs[0][0] != "index":
+            continue   # lines before the first index=
+        entry = {"index": pairs[0][1], "kernel": None, "args": []}
+        for key, value in pairs[1:]:
+            if key == "kernel":
+                entry["kernel"] = value
+            elif key == "args":
+                entry["args"] = split_cmdline(value)
+        result.append(entry)
+    return [e for e in result if e["kernel"] and e["kernel"] != "non linux entry"]

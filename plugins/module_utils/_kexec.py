@@ -29,7 +29,7 @@ import json
 import os
 import re
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import split_cmdline
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import grubby_info_entries, split_cmdline
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
@@ -517,24 +517,13 @@ def grub_entry(root, warnings):
 # ---------------------------------------------------------------------------------------------
 
 def parse_grubby(text):
-    """The first entry of ``grubby --info=...`` output as ``{key: value}`` (quotes around values removed)."""
-    entry = None
-    for line in (text or "").splitlines():
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
-        key = key.strip()
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] == '"':
-            value = value[1:-1]
-        if key == "index":
-            if entry is not None:
-                break
-            entry = {}
-        if entry is None:
-            entry = {}
+    """The first entry of ``grubby --info=...`` output as ``{key: value}``, the first value of a key counting
+    (see :func:`_cmdline.grubby_info_entries`)."""
+    entries = grubby_info_entries(text)
+    entry = {}
+    for key, value in entries[0] if entries else ():
         entry.setdefault(key, value)
-    return entry or {}
+    return entry
 
 
 def expand_variables(words, env, what, warnings):

@@ -723,3 +723,25 @@ SELECTOR_ARGUMENT_SPEC = dict(
 )
 # Addresses name the functions outright, so they exclude the other selectors.
 SELECTOR_MUTUALLY_EXCLUSIVE = [("addresses", "vendors"), ("addresses", "classes")]
+# The selector options plus include_all, for the modules that only read (gpu_facts, iommu_check).
+SELECTION_ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, include_all=dict(type="bool", default=False))
+# include_all selects every function, so it excludes the other selectors too.
+SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
+    ("addresses", "include_all"),
+    ("include_all", "vendors"),
+    ("include_all", "classes"),
+]
+
+
+def select_from_params(params, root="/"):
+    """Return the functions a module's validated selector options pick (:func:`select_functions`).
+
+    ``params`` holds the :data:`SELECTOR_ARGUMENT_SPEC` options and, optionally, ``include_all``.
+    """
+    return select_functions(
+        root=root,
+        addresses=params.get("addresses"),
+        vendors=params.get("vendors"),
+        classes=params.get("classes"),
+        include_all=params.get("include_all") or False,
+    )

@@ -62,7 +62,11 @@ class GrubAssignment:
 
 
 def _expand(text, pos, env, path):
-    """Read ``$NAME`` or ``${NAME}`` at ``pos`` (which is on the ``$``); return (value, new pos)."""
+    """Read the expansion at ``pos``, quoted or not: ``$NAME`` or ``${NAME}`` when ``pos`` is on a ``$``, a
+    command substitution (unknown) when on a backquote; return (value or _Unknown, new pos)."""
+    if text[pos] == "`":
+        close = text.find("`", pos + 1)
+        return _Unknown("command substitution `...`"), len(text) if close == -1 else close + 1
     nxt = text[pos + 1:pos + 2]
     if nxt == "{":
         close = text.find("}", pos + 2)
@@ -143,23 +147,15 @@ def _read_word(text, pos, env, path):
                     if text[pos + 1] != "\n":
                         parts.append(text[pos + 1])
                     pos += 2
-                elif ch == "$":
+                elif ch in "$`":
                     value, pos = _expand(text, pos, env, path)
                     parts.append(value)
-                elif ch == "`":
-                    close = text.find("`", pos + 1)
-                    parts.append(_Unknown("command substitution `...`"))
-                    pos = n if close == -1 else close + 1
                 else:
                     parts.append(ch)
                     pos += 1
-        elif ch == "$":
+        elif ch in "$`":
             value, pos = _expand(text, pos, env, path)
             parts.append(value)
-        elif ch == "`":
-            close = text.find("`", pos + 1)
-            parts.append(_Unknown("command substitution `...`"))
-            pos = n if close == -1 else close + 1
         elif ch in "()<>":
             parts.append(_Unknown("shell syntax %r" % ch))
             pos += 1

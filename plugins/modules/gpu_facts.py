@@ -40,20 +40,11 @@ notes:
     C(status.allocatable) are authoritative once the plugin runs.
 extends_documentation_fragment:
   - gpuops.sandbox.pci_selectors
+  - gpuops.sandbox.attributes
+  - gpuops.sandbox.attributes.facts
 attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
-  facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
-    support: full
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation
-      indicates no change.
-    support: full
 seealso:
   - module: gpuops.sandbox.iommu_check
 """
@@ -386,12 +377,12 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._mdev import list_m
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, create_module, run_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
-    SELECTOR_ARGUMENT_SPEC,
-    SELECTOR_MUTUALLY_EXCLUSIVE,
+    SELECTION_ARGUMENT_SPEC,
+    SELECTION_MUTUALLY_EXCLUSIVE,
     describe_function,
     load_pci_ids_db,
     mdev_parents,
-    select_functions,
+    select_from_params,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
 from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio import read_override
@@ -399,22 +390,12 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio import read_o
 # Host root for everything this module reads. Only unit tests point it elsewhere.
 ROOT = "/"
 
-# include_all selects every function, so it excludes the other selectors too.
-SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
-    ("addresses", "include_all"),
-    ("include_all", "vendors"),
-    ("include_all", "classes"),
-]
-
 
 def build_module():
     """Create the AnsibleModule; the argument spec does the validation it can."""
     return create_module(
         AnsibleModule,
-        argument_spec=dict(
-            **SELECTOR_ARGUMENT_SPEC,
-            include_all=dict(type="bool", default=False),
-        ),
+        argument_spec=dict(SELECTION_ARGUMENT_SPEC),
         mutually_exclusive=SELECTION_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
@@ -422,13 +403,7 @@ def build_module():
 
 def gather(params, root="/"):
     """Return the facts dict for the given (validated) parameters; raises SysfsError/OSError/ValueError."""
-    selected = select_functions(
-        root=root,
-        addresses=params.get("addresses"),
-        vendors=params.get("vendors"),
-        classes=params.get("classes"),
-        include_all=params.get("include_all") or False,
-    )
+    selected = select_from_params(params, root)
     db = load_pci_ids_db(root)
     gpus = [with_overrides(describe_function(address, root=root, pci_ids_db=db), root) for address in selected]
     parents = mdev_parents(root)

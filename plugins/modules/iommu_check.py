@@ -60,17 +60,10 @@ notes:
   - A flag on the kernel command line is reported but is not taken as proof; only IOMMU groups are.
 extends_documentation_fragment:
   - gpuops.sandbox.pci_selectors
+  - gpuops.sandbox.attributes
 attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation
-      indicates no change.
-    support: full
 seealso:
   - module: gpuops.sandbox.gpu_facts
 """
@@ -277,23 +270,16 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, create_module, run_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
-    SELECTOR_ARGUMENT_SPEC,
-    SELECTOR_MUTUALLY_EXCLUSIVE,
+    SELECTION_ARGUMENT_SPEC,
+    SELECTION_MUTUALLY_EXCLUSIVE,
     device_viability,
     read_identity,
-    select_functions,
+    select_from_params,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
 
 # Host root for everything this module reads. Only unit tests point it elsewhere.
 ROOT = "/"
-
-# include_all selects every function, so it excludes the other selectors too.
-SELECTION_MUTUALLY_EXCLUSIVE = SELECTOR_MUTUALLY_EXCLUSIVE + [
-    ("addresses", "include_all"),
-    ("include_all", "vendors"),
-    ("include_all", "classes"),
-]
 
 
 def build_module():
@@ -301,8 +287,7 @@ def build_module():
     return create_module(
         AnsibleModule,
         argument_spec=dict(
-            **SELECTOR_ARGUMENT_SPEC,
-            include_all=dict(type="bool", default=False),
+            **SELECTION_ARGUMENT_SPEC,
             require_cpu_virtualization=dict(type="bool", default=False),
             require_iommu=dict(type="bool", default=False),
             require_iommufd=dict(type="bool", default=False),
@@ -316,13 +301,7 @@ def build_module():
 def check(params, root="/"):
     """Return ``(result, failures)``: the report and one message per unmet requirement."""
     state = iommu_state(root)
-    selected = select_functions(
-        root=root,
-        addresses=params.get("addresses"),
-        vendors=params.get("vendors"),
-        classes=params.get("classes"),
-        include_all=params.get("include_all") or False,
-    )
+    selected = select_from_params(params, root)
     devices = []
     for address in selected:
         ident = read_identity(address, root)

@@ -131,19 +131,14 @@ notes:
     distribution's files take effect again, and C(grub.cfg) is regenerated.
   - The kernel's command line is limited in length (2048 bytes on x86); the module does not check it.
   - A reboot is needed for the change to take effect; use RV(reboot_required).
+extends_documentation_fragment:
+  - gpuops.sandbox.attributes
 attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details:
       - Shows the boot configuration files before and after, the effective command line, and the record
         C(/var/lib/gpuops/kernel_cmdline.json) when it changes.
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
-    support: full
 """
 
 EXAMPLES = r"""

@@ -43,17 +43,10 @@ options:
         type: str
 extends_documentation_fragment:
   - gpuops.sandbox.kube_auth
+  - gpuops.sandbox.attributes
 attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation
-      indicates no change.
-    support: full
 """
 
 EXAMPLES = r"""

@@ -94,16 +94,9 @@ options:
     default: 8
 extends_documentation_fragment:
   - gpuops.sandbox.kube_auth
+  - gpuops.sandbox.attributes
 attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: full
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation
-      indicates no change.
     support: full
 seealso:
   - module: gpuops.sandbox.kubevirt_host_devices

@@ -253,11 +253,7 @@ def run(module, root):
             _sriov.set_numvfs(state, changes["numvfs"], params["timeout"])
         except _sriov.SriovError as exc:
             if changes["autoprobe"] is not None:
-                try:
-                    _sriov.set_autoprobe(state, state["autoprobe"])
-                    exc.msg += "; sriov_drivers_autoprobe restored to %d" % int(state["autoprobe"])
-                except (_sriov.SriovError, SysfsError) as rexc:
-                    exc.msg += "; restoring sriov_drivers_autoprobe failed: %s" % rexc.msg
+                exc.msg += "; " + _undo_autoprobe(state)
             raise
     result["vfs"] = _sriov.list_vfs(state["dir"])
     if boot_files:

@@ -119,19 +119,15 @@ notes:
     nodes are not checked; the sound drivers let their functions go while in use.
 extends_documentation_fragment:
   - gpuops.sandbox.pci_selectors
+  - gpuops.sandbox.attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-      Nothing is written and no module is loaded; C(modprobe --dry-run) checks the vfio module exists.
-    support: full
+    details:
+      - Nothing is written and no module is loaded; C(modprobe --dry-run) checks the vfio module exists.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-      Shows the driver of each function before and after, and the content of each record and udev rule file.
     support: full
-  idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation
-      indicates no change.
-    support: full
+    details:
+      - Shows the driver of each function before and after, and the content of each record and udev rule file.
 seealso:
   - module: gpuops.sandbox.gpu_facts
   - module: gpuops.sandbox.iommu_check

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import yaml
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = [sys.executable, os.path.join(TOP, "lab", "gpulab.py")]
@@ -419,3 +420,135 @@ def kube_api():
         kubelab("stop", check=True, timeout=120)
         if KUBE_TEST_STATE != KUBE_TEST_STATE_BASE:
             shutil.rmtree(KUBE_TEST_STATE, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster half's tests (test_70, test_72, test_75): the GPU hosts' inventory and what they read back
+# ---------------------------------------------------------------------------------------------
+
+# The upstream charts and sources, beside the checkout (see its README).
+UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
+UPSTREAM_CHARTS = {"gpu-operator": os.path.join(UPSTREAM, "gpu-operator", "chart"),
+                   "dra-driver-nvidia-gpu": os.path.join(UPSTREAM, "dra-driver-nvidia-gpu", "chart")}
+VENV_PYTHON = os.path.join(TOP, ".venv", "bin", "python")
+# What gpu_facts would give for an A10 on vfio-pci, and for the same A10 on the vGPU host driver.
+A10 = {"address": "0000:65:00.0", "vendor": "10de", "device": "2236", "class": "030200", "driver": "vfio-pci",
+       "is_vf": False, "sandbox_resource_name": "nvidia.com/GA102GL_A10", "mdev_types": [], "vgpu": None}
+A10_VGPU = dict(A10, driver="nvidia", mdev_types=[
+    {"id": "nvidia-593", "name": "NVIDIA A10-4Q", "available_instances": 6, "resource_name": "nvidia.com/NVIDIA_A10-4Q"},
+    {"id": "nvidia-595", "name": "NVIDIA A10-12Q", "available_instances": 2, "resource_name": "nvidia.com/NVIDIA_A10-12Q"}])
+VGPU_CONFIG = {"version": "v1", "vgpu-configs": {
+    "A10-4Q": [{"devices": "all", "vgpu-devices": {"A10-4Q": 6}}],
+    "A10-12Q": [{"devices": "all", "vgpu-devices": {"A10-12Q": 2}}]}}
+
+
+def gpu_host_vars(nodes, hosts=None):
+    """The variables of the GPU hosts ``nodes`` ({host: workload type}), with the facts gpu_facts would give for
+    an A10 (the vm-vgpu host's on the vGPU driver, with the vGPU config A10-12Q); ``hosts`` ({host: variables})
+    adds to or replaces a host's."""
+    host_vars = {}
+    for host, wtype in nodes.items():
+        entry = {"ansible_connection": "local", "gpuops_workload_type": wtype,
+                 "gpuops_gpus": [A10_VGPU if wtype == "vm-vgpu" else A10], "gpuops_mdev_parents": []}
+        if wtype == "vm-vgpu":
+            entry["gpuops_vgpu_config_name"] = "A10-12Q"
+        entry.update((hosts or {}).get(host, {}))
+        host_vars[host] = entry
+    return host_vars
+
+
+def write_inventory(tmp_path, name, all_vars, host_vars, python):
+    """Write ``<tmp_path>/<name>.yml``: the GPU hosts in group gpu_nodes, localhost run with ``python``; return its path."""
+    doc = {"all": {"vars": all_vars, "children": {"gpu_nodes": {"hosts": host_vars}},
+                   "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": python}}}}
+    path = tmp_path / ("%s.yml" % name)
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+# What the image role (vgpu_manager_image) hands the GPU Operator role.
+VGPU_MANAGER = {"enabled": True, "repository": "registry.example/nvidia", "image": "vgpu-manager", "version": "550.90.05"}
+
+
+def chart_path_vars(api, charts, pull_secret, claim_templates):
+    """The cluster half's variables for installing ``charts`` ({chart name: directory}) by path with the lab's
+    helm: the vGPU Manager image pulled with ``pull_secret`` (name, registry, username, password), the DRA
+    driver's ``claim_templates``."""
+    return {
+        "gpuops_kubeconfig": api["kubeconfig"],
+        "gpuops_vgpu_device_config": VGPU_CONFIG,
+        "vgpu_manager_image_helm_values": {"vgpuManager": VGPU_MANAGER},
+        "gpu_operator_chart_repo_url": "",
+        "gpu_operator_chart_ref": charts["gpu-operator"],
+        "gpu_operator_helm_binary": os.path.join(api["bin_dir"], "helm"),
+        "gpu_operator_default_workload": "vm-passthrough",
+        "gpu_operator_pull_secret_name": pull_secret[0],
+        "gpu_operator_pull_secret_registry": pull_secret[1],
+        "gpu_operator_pull_secret_username": pull_secret[2],
+        "gpu_operator_pull_secret_password": pull_secret[3],
+        "dra_driver_chart_repo_url": "",
+        "dra_driver_chart_ref": charts["dra-driver-nvidia-gpu"],
+        "dra_driver_helm_binary": os.path.join(api["bin_dir"], "helm"),
+        "dra_driver_claim_templates": claim_templates,
+        "ansible_python_interpreter": VENV_PYTHON,
+    }
+
+
+def timed_playbook(helm_env, inv, name="cluster.yml", *extra):
+    """playbooks/``name`` on the inventory ``inv`` with --diff, Helm's homes from ``helm_env``; returns
+    (process, wall seconds)."""
+    env = dict(helm_env, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"))
+    started = time.monotonic()
+    proc = run([os.path.join(TOP, ".venv", "bin", "ansible-playbook"), os.path.join(TOP, "playbooks", name),
+                "-i", inv, "--diff"] + list(extra), timeout=1200, env=env)
+    return proc, time.monotonic() - started
+
+
+def helm_home_env(root):
+    """The environment with Helm's cache, configuration and data under ``root`` (a pathlib.Path)."""
+    return dict(os.environ, HELM_CACHE_HOME=str(root / "cache"), HELM_CONFIG_HOME=str(root / "config"),
+                HELM_DATA_HOME=str(root / "data"))
+
+
+def recaps(output):
+    """{host: {ok, changed, unreachable, failed}} from a play's PLAY RECAP (which must list localhost)."""
+    found = {host: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, counts))) for host, *counts in re.findall(
+        r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)}
+    assert "localhost" in found, output[-3000:]
+    return found
+
+
+def flat(output):
+    """``output`` with every run of white space one space (messages wrap differently)."""
+    return " ".join(output.split())
+
+
+def value_paths(tree, prefix=()):
+    """The key paths to the leaves of a values tree (an empty map is a leaf)."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from value_paths(value, prefix + (key,))
+        else:
+            yield prefix + (key,)
+
+
+def in_values(upstream, path):
+    """Whether a chart's values.yaml (``upstream``) has the key path ``path``."""
+    node = upstream
+    for key in path:
+        if isinstance(node, dict) and node == {}:
+            return True  # a free-form map upstream (featureGates: {}, nodeSelector: {})
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def restore_cluster_policy(api, policy):
+    """Create the ClusterPolicy ``policy`` (as read before a test module) again, with its status."""
+    kept = {k: policy[k] for k in ("apiVersion", "kind", "spec")}
+    kept["metadata"] = {k: v for k, v in policy["metadata"].items() if k in ("name", "labels", "annotations")}
+    kubectl(api, "create", "-f", "-", stdin=json.dumps(kept), check=False)
+    if policy.get("status"):
+        kubectl(api, "patch", "clusterpolicy", "cluster-policy", "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": policy["status"]}), check=False)

@@ -23,21 +23,25 @@ import threading
 import pytest
 import yaml
 
-from conftest import TOP, kget, kubectl, run
+from conftest import (
+    TOP,
+    UPSTREAM,
+    VENV_PYTHON,
+    VGPU_CONFIG,
+    gpu_host_vars,
+    helm_home_env,
+    in_values,
+    kget,
+    kubectl,
+    run,
+    value_paths,
+    write_inventory,
+)
 
 NODES = {"lab-container": "container", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu"}
 WL, VG = "nvidia.com/gpu.workload.config", "nvidia.com/vgpu.config"
-A10 = {"address": "0000:65:00.0", "vendor": "10de", "device": "2236", "class": "030200", "driver": "vfio-pci",
-       "is_vf": False, "sandbox_resource_name": "nvidia.com/GA102GL_A10", "mdev_types": [], "vgpu": None}
-A10_VGPU = dict(A10, driver="nvidia", mdev_types=[
-    {"id": "nvidia-593", "name": "NVIDIA A10-4Q", "available_instances": 6, "resource_name": "nvidia.com/NVIDIA_A10-4Q"},
-    {"id": "nvidia-595", "name": "NVIDIA A10-12Q", "available_instances": 2, "resource_name": "nvidia.com/NVIDIA_A10-12Q"}])
-VGPU_CONFIG = {"version": "v1", "vgpu-configs": {
-    "A10-4Q": [{"devices": "all", "vgpu-devices": {"A10-4Q": 6}}],
-    "A10-12Q": [{"devices": "all", "vgpu-devices": {"A10-12Q": 2}}]}}
 VGPU_MANAGER_VALUES = {"vgpuManager": {"enabled": True, "repository": "registry.example/nvidia", "image": "vgpu-manager",
                                        "version": "550.90.05", "imagePullSecrets": ["vgpu-manager-registry"]}}
-UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
 VM_CRD = os.path.join(TOP, "tests", "fixtures", "kubevirt-vm-crd.yaml")
 
 
@@ -80,8 +84,7 @@ def helm_repo(kube_api, tmp_path_factory):
     root = tmp_path_factory.mktemp("helm")
     repo = root / "repo"
     repo.mkdir()
-    env = dict(os.environ, HELM_CACHE_HOME=str(root / "cache"), HELM_CONFIG_HOME=str(root / "config"),
-               HELM_DATA_HOME=str(root / "data"))
+    env = helm_home_env(root)
     for chart in ("gpu-operator", "dra-driver-nvidia-gpu"):
         subprocess.run([helm, "package", os.path.join(TOP, "tests", "fixtures", "charts", chart), "-d", str(repo)],
                        check=True, env=env, capture_output=True, timeout=120)
@@ -98,15 +101,6 @@ def helm_repo(kube_api, tmp_path_factory):
 
 def inventory(tmp_path, kube_api, helm_repo, hosts=None, extra_all=None, name="inv"):
     """An inventory of the three GPU hosts with their facts, pointed at the cluster lab."""
-    hosts = hosts or {}
-    host_vars = {}
-    for host, wtype in NODES.items():
-        entry = {"ansible_connection": "local", "gpuops_workload_type": wtype,
-                 "gpuops_gpus": [A10_VGPU if wtype == "vm-vgpu" else A10], "gpuops_mdev_parents": []}
-        if wtype == "vm-vgpu":
-            entry["gpuops_vgpu_config_name"] = "A10-12Q"
-        entry.update(hosts.get(host, {}))
-        host_vars[host] = entry
     all_vars = {
         "gpuops_kubeconfig": kube_api["kubeconfig"],
         "gpuops_vgpu_device_config": VGPU_CONFIG,
@@ -120,15 +114,10 @@ def inventory(tmp_path, kube_api, helm_repo, hosts=None, extra_all=None, name="i
         "dra_driver_chart_repo_url": helm_repo["url"],
         "dra_driver_chart_ref": "gpuops-test/dra-driver-nvidia-gpu",
         "dra_driver_helm_binary": helm_repo["helm"],
-        "ansible_python_interpreter": os.path.join(TOP, ".venv", "bin", "python"),
+        "ansible_python_interpreter": VENV_PYTHON,
     }
     all_vars.update(extra_all or {})
-    doc = {"all": {"vars": all_vars, "children": {"gpu_nodes": {"hosts": host_vars}},
-                   "hosts": {"localhost": {"ansible_connection": "local",
-                                           "ansible_python_interpreter": all_vars["ansible_python_interpreter"]}}}}
-    path = tmp_path / ("%s.yml" % name)
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
+    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(NODES, hosts), all_vars["ansible_python_interpreter"])
 
 
 def playbook(helm_repo, inv, name="cluster.yml", *extra):
@@ -214,23 +203,6 @@ def test_every_helm_value_the_collection_sets_exists_upstream(kube_api, helm_rep
     if not os.path.isdir(UPSTREAM):
         pytest.skip("the upstream values files are not beside this checkout")
 
-    def paths(tree, prefix=()):
-        for key, value in tree.items():
-            if isinstance(value, dict) and value:
-                yield from paths(value, prefix + (key,))
-            else:
-                yield prefix + (key,)
-
-    def exists(upstream, path):
-        node = upstream
-        for key in path:
-            if isinstance(node, dict) and node == {}:
-                return True  # a free-form map upstream (featureGates: {}, nodeSelector: {})
-            if not isinstance(node, dict) or key not in node:
-                return False
-            node = node[key]
-        return True
-
     for release, namespace, chart in (("gpu-operator", "gpu-operator", "gpu-operator"),
                                       ("dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu")):
         proc = kubectl(kube_api, "get", "configmap", "%s-received-values" % release, "-n", namespace, check=False)
@@ -238,7 +210,8 @@ def test_every_helm_value_the_collection_sets_exists_upstream(kube_api, helm_rep
             continue  # the DRA test below installs it and calls this check again
         with open(os.path.join(UPSTREAM, chart, "values.yaml")) as handle:
             upstream = yaml.safe_load(handle)
-        missing = [".".join(p) for p in paths(received_values(kube_api, release, namespace)) if not exists(upstream, p)]
+        missing = [".".join(p) for p in value_paths(received_values(kube_api, release, namespace))
+                   if not in_values(upstream, p)]
         assert missing == [], "%s values not in the upstream chart: %s" % (chart, missing)
 
 

@@ -23,18 +23,35 @@ namespace controller a deleted namespace would hang in Terminating).
 
 import json
 import os
-import re
 import sys
-import time
 
 import pytest
 import yaml
 
-from conftest import TOP, delete_crds, helm, kfind, kget, kubectl, run
+from conftest import (
+    TOP,
+    UPSTREAM,
+    UPSTREAM_CHARTS,
+    VENV_PYTHON,
+    VGPU_MANAGER,
+    chart_path_vars,
+    delete_crds,
+    flat,
+    gpu_host_vars,
+    helm,
+    helm_home_env,
+    in_values,
+    kfind,
+    kget,
+    kubectl,
+    recaps,
+    restore_cluster_policy,
+    timed_playbook,
+    value_paths,
+    write_inventory,
+)
 
-UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
-REAL_CHARTS = {"gpu-operator": os.path.join(UPSTREAM, "gpu-operator", "chart"),
-               "dra-driver-nvidia-gpu": os.path.join(UPSTREAM, "dra-driver-nvidia-gpu", "chart")}
+REAL_CHARTS = UPSTREAM_CHARTS
 STAND_IN_CHARTS = {name: os.path.join(TOP, "tests", "fixtures", "charts", name) for name in REAL_CHARTS}
 HAVE_UPSTREAM = all(os.path.isdir(path) for path in REAL_CHARTS.values())
 CHARTS = REAL_CHARTS if HAVE_UPSTREAM else STAND_IN_CHARTS
@@ -44,21 +61,12 @@ RELEASES = (("gpu-operator", "gpu-operator"), ("dra-driver-nvidia-gpu", "dra-dri
 CLAIM = {"name": "gpuops-test-vfio-gpu", "namespace": "default"}
 CLAIM_MADE = "gpuops-test-claim-from-template"
 RCT = "resourceclaimtemplates.v1.resource.k8s.io"
-A10 = {"address": "0000:65:00.0", "vendor": "10de", "device": "2236", "class": "030200", "driver": "vfio-pci",
-       "is_vf": False, "sandbox_resource_name": "nvidia.com/GA102GL_A10", "mdev_types": [], "vgpu": None}
-A10_VGPU = dict(A10, driver="nvidia", mdev_types=[
-    {"id": "nvidia-593", "name": "NVIDIA A10-4Q", "available_instances": 6, "resource_name": "nvidia.com/NVIDIA_A10-4Q"},
-    {"id": "nvidia-595", "name": "NVIDIA A10-12Q", "available_instances": 2, "resource_name": "nvidia.com/NVIDIA_A10-12Q"}])
-VGPU_CONFIG = {"version": "v1", "vgpu-configs": {
-    "A10-4Q": [{"devices": "all", "vgpu-devices": {"A10-4Q": 6}}],
-    "A10-12Q": [{"devices": "all", "vgpu-devices": {"A10-12Q": 2}}]}}
-VGPU_MANAGER = {"enabled": True, "repository": "registry.example/nvidia", "image": "vgpu-manager", "version": "550.90.05"}
 PULL_SECRET = ("vgpu-manager-registry", "registry.example", "robot", "not-a-real-password-72")
 DEVICE_PLUGIN_OFF = {"nvidia.com/gpu.deploy.device-plugin": "false"}
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers (the few test_70 has too, kept here so the two modules stay independent)
+# Helpers (those test_70 and test_75 use too are in conftest)
 # ---------------------------------------------------------------------------------------------
 
 def claim_state(api):
@@ -76,62 +84,17 @@ def snapshot(api):
             "releases": sorted(releases), "claim": claim_state(api)}
 
 
-def recaps(output):
-    found = {host: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, counts))) for host, *counts in re.findall(
-        r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)}
-    assert "localhost" in found, output[-3000:]
-    return found
-
-
-def flat(output):
-    return " ".join(output.split())
-
-
 def inventory(tmp_path, api, charts, name="inv", hosts=None, extra=None, claim_count=None):
     """The three GPU hosts (dra, vm-passthrough, vm-vgpu) with the facts gpu_facts would give for an A10."""
-    host_vars = {}
-    for host, wtype in NODES.items():
-        entry = {"ansible_connection": "local", "gpuops_workload_type": wtype,
-                 "gpuops_gpus": [A10_VGPU if wtype == "vm-vgpu" else A10], "gpuops_mdev_parents": []}
-        if wtype == "vm-vgpu":
-            entry["gpuops_vgpu_config_name"] = "A10-12Q"
-        entry.update((hosts or {}).get(host, {}))
-        host_vars[host] = entry
-    python = os.path.join(TOP, ".venv", "bin", "python")
     claim = dict(CLAIM, **({"count": claim_count} if claim_count else {}))
-    all_vars = {
-        "gpuops_kubeconfig": api["kubeconfig"],
-        "gpuops_vgpu_device_config": VGPU_CONFIG,
-        "vgpu_manager_image_helm_values": {"vgpuManager": VGPU_MANAGER},
-        "gpu_operator_chart_repo_url": "",
-        "gpu_operator_chart_ref": charts["gpu-operator"],
-        "gpu_operator_helm_binary": os.path.join(api["bin_dir"], "helm"),
-        "gpu_operator_default_workload": "vm-passthrough",
-        "gpu_operator_pull_secret_name": PULL_SECRET[0],
-        "gpu_operator_pull_secret_registry": PULL_SECRET[1],
-        "gpu_operator_pull_secret_username": PULL_SECRET[2],
-        "gpu_operator_pull_secret_password": PULL_SECRET[3],
-        "dra_driver_chart_repo_url": "",
-        "dra_driver_chart_ref": charts["dra-driver-nvidia-gpu"],
-        "dra_driver_helm_binary": os.path.join(api["bin_dir"], "helm"),
-        "dra_driver_claim_templates": [claim],
-        "ansible_python_interpreter": python,
-    }
+    all_vars = chart_path_vars(api, charts, PULL_SECRET, [claim])
     all_vars.update(extra or {})
-    doc = {"all": {"vars": all_vars, "children": {"gpu_nodes": {"hosts": host_vars}},
-                   "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": python}}}}
-    path = tmp_path / ("%s.yml" % name)
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
+    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(NODES, hosts), VENV_PYTHON)
 
 
 def playbook(helm_env, inv, *extra):
     """cluster.yml; returns (process, wall seconds)."""
-    env = dict(helm_env, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"))
-    started = time.monotonic()
-    proc = run([os.path.join(TOP, ".venv", "bin", "ansible-playbook"), os.path.join(TOP, "playbooks", "cluster.yml"),
-                "-i", inv, "--diff"] + list(extra), timeout=1200, env=env)
-    return proc, time.monotonic() - started
+    return timed_playbook(helm_env, inv, "cluster.yml", *extra)
 
 
 def report(what, seconds):
@@ -141,34 +104,13 @@ def report(what, seconds):
     return line
 
 
-def value_paths(tree, prefix=()):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from value_paths(value, prefix + (key,))
-        else:
-            yield prefix + (key,)
-
-
-def in_values(upstream, path):
-    node = upstream
-    for key in path:
-        if isinstance(node, dict) and node == {}:
-            return True  # a free-form map upstream (featureGates: {}, nodeSelector: {})
-        if not isinstance(node, dict) or key not in node:
-            return False
-        node = node[key]
-    return True
-
-
 # ---------------------------------------------------------------------------------------------
 # The module's setup and cleanup: the server is left as it was found
 # ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def helm_env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("helm72")
-    return dict(os.environ, HELM_CACHE_HOME=str(root / "cache"), HELM_CONFIG_HOME=str(root / "config"),
-                HELM_DATA_HOME=str(root / "data"))
+    return helm_home_env(tmp_path_factory.mktemp("helm72"))
 
 
 def server_state(api):
@@ -212,12 +154,7 @@ def lab(kube_api, helm_env):
         kubectl(api, "delete", kind, name, "-n", namespace, "--ignore-not-found", check=False)
     delete_crds(api, sorted(set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) - crds))
     if policy:
-        kept = {k: policy[k] for k in ("apiVersion", "kind", "spec")}
-        kept["metadata"] = {k: v for k, v in policy["metadata"].items() if k in ("name", "labels", "annotations")}
-        kubectl(api, "create", "-f", "-", stdin=json.dumps(kept), check=False)
-        if policy.get("status"):
-            kubectl(api, "patch", "clusterpolicy", "cluster-policy", "--subresource=status", "--type=merge",
-                    "-p", json.dumps({"status": policy["status"]}), check=False)
+        restore_cluster_policy(api, policy)
     for name, node in nodes.items():
         now = kget(api, "node", name)
         labels = dict((k, None) for k in now["metadata"].get("labels") or {})

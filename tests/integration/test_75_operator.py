@@ -31,11 +31,29 @@ import time
 import pytest
 import yaml
 
-from conftest import TOP, delete_crds, helm, kfind, kget, kubectl, run
+from conftest import (
+    TOP,
+    UPSTREAM,
+    UPSTREAM_CHARTS,
+    VENV_PYTHON,
+    VGPU_CONFIG,
+    chart_path_vars,
+    delete_crds,
+    flat,
+    gpu_host_vars,
+    helm,
+    helm_home_env,
+    kfind,
+    kget,
+    kubectl,
+    recaps,
+    restore_cluster_policy,
+    run,
+    timed_playbook,
+    write_inventory,
+)
 
-UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
-CHARTS = {"gpu-operator": os.path.join(UPSTREAM, "gpu-operator", "chart"),
-          "dra-driver-nvidia-gpu": os.path.join(UPSTREAM, "dra-driver-nvidia-gpu", "chart")}
+CHARTS = UPSTREAM_CHARTS
 OPERATOR_SOURCE = os.path.join(UPSTREAM, "gpu-operator", "source")
 HAVE_UPSTREAM = all(os.path.isdir(p) for p in list(CHARTS.values()) + [OPERATOR_SOURCE])
 OPERATORLAB = [sys.executable, os.path.join(TOP, "lab", "operatorlab.py")]
@@ -48,17 +66,7 @@ DEPLOY = "nvidia.com/gpu.deploy."
 WL, VG = "nvidia.com/gpu.workload.config", "nvidia.com/vgpu.config"
 POLICY_CRD = "clusterpolicies.nvidia.com"
 
-A10 = {"address": "0000:65:00.0", "vendor": "10de", "device": "2236", "class": "030200", "driver": "vfio-pci",
-       "is_vf": False, "sandbox_resource_name": "nvidia.com/GA102GL_A10", "mdev_types": [], "vgpu": None}
-A10_VGPU = dict(A10, driver="nvidia", mdev_types=[
-    {"id": "nvidia-593", "name": "NVIDIA A10-4Q", "available_instances": 6, "resource_name": "nvidia.com/NVIDIA_A10-4Q"},
-    {"id": "nvidia-595", "name": "NVIDIA A10-12Q", "available_instances": 2, "resource_name": "nvidia.com/NVIDIA_A10-12Q"}])
-VGPU_CONFIG = {"version": "v1", "vgpu-configs": {
-    "A10-4Q": [{"devices": "all", "vgpu-devices": {"A10-4Q": 6}}],
-    "A10-12Q": [{"devices": "all", "vgpu-devices": {"A10-12Q": 2}}]}}
 VGPU_CONFIGMAP = "gpuops-vgpu-devices-config"
-# What the image role (vgpu_manager_image) hands the GPU Operator role.
-VGPU_MANAGER = {"enabled": True, "repository": "registry.example/nvidia", "image": "vgpu-manager", "version": "550.90.05"}
 PULL_SECRET = ("vgpu-manager-registry", "registry.example", "robot", "not-a-real-password-75")
 
 # The operator's deploy labels per workload type (controllers/state_manager.go, gpuStateLabels; sandbox mode
@@ -103,23 +111,11 @@ pytestmark = pytest.mark.skipif(not HAVE_UPSTREAM, reason="the GPU Operator's so
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers (the few test_70/test_72 have too, kept here so the modules stay independent)
+# Helpers (those test_70 and test_72 use too are in conftest)
 # ---------------------------------------------------------------------------------------------
 
 def operatorlab(lab, *args, timeout=600, check=True):
     return run(OPERATORLAB + list(args), timeout=timeout, check=check, env=lab["operator_env"])
-
-
-def recaps(output):
-    import re  # pylint: disable=import-outside-toplevel
-    found = {host: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, counts))) for host, *counts in re.findall(
-        r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)}
-    assert "localhost" in found, output[-3000:]
-    return found
-
-
-def flat(output):
-    return " ".join(output.split())
 
 
 def report(what, seconds):
@@ -129,48 +125,14 @@ def report(what, seconds):
 
 def inventory(tmp_path, api, name="inv", hosts=None, extra=None):
     """The four GPU hosts with the facts gpu_facts would give for an A10, pointed at the real charts."""
-    host_vars = {}
-    for host, wtype in NODES.items():
-        entry = {"ansible_connection": "local", "gpuops_workload_type": wtype,
-                 "gpuops_gpus": [A10_VGPU if wtype == "vm-vgpu" else A10], "gpuops_mdev_parents": []}
-        if wtype == "vm-vgpu":
-            entry["gpuops_vgpu_config_name"] = "A10-12Q"
-        entry.update((hosts or {}).get(host, {}))
-        host_vars[host] = entry
-    python = os.path.join(TOP, ".venv", "bin", "python")
-    all_vars = {
-        "gpuops_kubeconfig": api["kubeconfig"],
-        "gpuops_vgpu_device_config": VGPU_CONFIG,
-        "vgpu_manager_image_helm_values": {"vgpuManager": VGPU_MANAGER},
-        "gpu_operator_chart_repo_url": "",
-        "gpu_operator_chart_ref": CHARTS["gpu-operator"],
-        "gpu_operator_helm_binary": os.path.join(api["bin_dir"], "helm"),
-        "gpu_operator_default_workload": "vm-passthrough",
-        "gpu_operator_pull_secret_name": PULL_SECRET[0],
-        "gpu_operator_pull_secret_registry": PULL_SECRET[1],
-        "gpu_operator_pull_secret_username": PULL_SECRET[2],
-        "gpu_operator_pull_secret_password": PULL_SECRET[3],
-        "dra_driver_chart_repo_url": "",
-        "dra_driver_chart_ref": CHARTS["dra-driver-nvidia-gpu"],
-        "dra_driver_helm_binary": os.path.join(api["bin_dir"], "helm"),
-        "dra_driver_claim_templates": [],
-        "ansible_python_interpreter": python,
-    }
+    all_vars = chart_path_vars(api, CHARTS, PULL_SECRET, [])
     all_vars.update(extra or {})
-    doc = {"all": {"vars": all_vars, "children": {"gpu_nodes": {"hosts": host_vars}},
-                   "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": python}}}}
-    path = tmp_path / ("%s.yml" % name)
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
+    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(NODES, hosts), VENV_PYTHON)
 
 
 def playbook(lab, inv, name="cluster.yml", *extra):
     """A playbook; returns (process, wall seconds)."""
-    env = dict(lab["helm_env"], ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"))
-    started = time.monotonic()
-    proc = run([os.path.join(TOP, ".venv", "bin", "ansible-playbook"), os.path.join(TOP, "playbooks", name),
-                "-i", inv, "--diff"] + list(extra), timeout=1200, env=env)
-    return proc, time.monotonic() - started
+    return timed_playbook(lab["helm_env"], inv, name, *extra)
 
 
 def wait_for(what, check, timeout=180, delay=2):
@@ -321,8 +283,7 @@ def lab(kube_api, tmp_path_factory):
     """The charts installed by the cluster half, then the real operator started against the session's server."""
     api = kube_api
     root = tmp_path_factory.mktemp("operator75")
-    helm_env = dict(os.environ, HELM_CACHE_HOME=str(root / "cache"), HELM_CONFIG_HOME=str(root / "config"),
-                    HELM_DATA_HOME=str(root / "data"))
+    helm_env = helm_home_env(root)
     operator_env = {"GPUOPS_OPERATOR_STATE": os.path.join(api["state_dir"], "operator"),
                     "GPUOPS_OPERATOR_SOURCE": OPERATOR_SOURCE, "GPUOPS_OPERATOR_CHART": CHARTS["gpu-operator"]}
     lab_ = {"api": api, "helm_env": helm_env, "operator_env": operator_env, "root": root, "timings": {}}
@@ -389,12 +350,7 @@ def lab(kube_api, tmp_path_factory):
             kubectl(api, "patch", "namespace", NAMESPACE, "--type=merge", "-p",
                     json.dumps({"metadata": {"labels": labels}}), check=False)
         if policy:
-            kept = {k: policy[k] for k in ("apiVersion", "kind", "spec")}
-            kept["metadata"] = {k: v for k, v in policy["metadata"].items() if k in ("name", "labels", "annotations")}
-            kubectl(api, "create", "-f", "-", stdin=json.dumps(kept), check=False)
-            if policy.get("status"):
-                kubectl(api, "patch", "clusterpolicy", "cluster-policy", "--subresource=status", "--type=merge",
-                        "-p", json.dumps({"status": policy["status"]}), check=False)
+            restore_cluster_policy(api, policy)
         # Last, so that a CRD the server is slow to let go of leaves everything else restored.
         delete_crds(api, sorted(set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) - crds))
         for what, seconds in lab_["timings"].items():

@@ -108,6 +108,21 @@ SECRET = "S3cr3t-gpuops-token-XYZ"
 GOOD_TOKEN = "the-stub-accepts-this-token"
 
 
+class JsonHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler of a stub API server: JSON replies, no log lines."""
+
+    def log_message(self, *args):  # pylint: disable=arguments-differ
+        pass
+
+    def _reply(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 class StubApiServer:
     """A tiny HTTP server the real kubernetes client talks to: ``Bearer <token>`` must match exactly (401
     otherwise); then ``/version`` answers and every other request is forbidden (403). ``authorizations``
@@ -118,18 +133,7 @@ class StubApiServer:
         self.authorizations = []
         stub = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):  # pylint: disable=arguments-differ
-                pass
-
-            def _reply(self, code, body):
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:

@@ -26,23 +26,13 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
     strip_userinfo,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import MASK, GpuopsError
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import JsonHandler
 
 TOKEN = "good-token-value"
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     seen = []
-
-    def log_message(self, *args):  # pylint: disable=arguments-differ
-        pass
-
-    def _reply(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _auth(self):
         if self.headers.get("Authorization") != "Bearer " + TOKEN:

@@ -183,12 +183,17 @@ def tree(tmp_path):
     return FakeTree(tmp_path)
 
 
-@pytest.fixture
-def kernel(tree, monkeypatch):
+def install_kernel(tree, monkeypatch):
+    """A FakeKernel on ``tree`` that _sriov writes through, with waits that do not sleep."""
     fake = FakeKernel(tree)
     monkeypatch.setattr(_sriov, "write_attr", fake.write)
     monkeypatch.setattr(_sysfs, "_sleep", lambda _seconds: None)
     return fake
+
+
+@pytest.fixture
+def kernel(tree, monkeypatch):
+    return install_kernel(tree, monkeypatch)
 
 
 def add_nvme_pf(tree, driver="nvme", totalvfs=4):

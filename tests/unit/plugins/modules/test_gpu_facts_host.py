@@ -15,7 +15,7 @@ from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call_main
 
 DEBIAN = """\
 PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"
@@ -50,11 +50,6 @@ UBUNTU_CODENAME=jammy
 NONE_OS = {"id": None, "id_like": [], "version_id": None, "major": None, "codename": None, "pretty_name": None}
 UUID_A = "5f2a2b8e-3c2b-5a8f-9b55-3b8e0c1d2e3f"
 UUID_B = "0b5c3d1e-1111-4222-8333-944455556666"
-
-
-@pytest.fixture
-def host(tmp_path):
-    return st.build_gpu_host(tmp_path)
 
 
 # --------------------------------------------------------------------------- os-release
@@ -276,8 +271,7 @@ def test_module_returns_gpuops_host(monkeypatch, host):
     host.write("/etc/os-release", DEBIAN)
     host.write("/proc/sys/kernel/osrelease", "6.1.0-18-amd64\n")
     before = host.snapshot()
-    monkeypatch.setattr(gpu_facts, "ROOT", host.root)
-    kind, result = call(monkeypatch, gpu_facts.main, {})
+    kind, result = call_main(monkeypatch, gpu_facts, host.root, {})
     assert kind == "exit" and result["changed"] is False
     facts = result["ansible_facts"]
     assert sorted(facts) == ["gpuops_gpus", "gpuops_host", "gpuops_iommu", "gpuops_mdev_parents", "gpuops_pci_ids"]

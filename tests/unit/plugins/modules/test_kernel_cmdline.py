@@ -12,7 +12,6 @@ test host's own update-grub or grubby is never found.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
@@ -24,10 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import TIMEOUT_RC
 from ansible_collections.gpuops.sandbox.plugins.modules import kernel_cmdline
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import run_with_commands
 
 DEBIAN_GRUB = (
     "# If you change this file, run 'update-grub' afterwards to update\n"
@@ -140,60 +140,8 @@ done
 """
 
 
-class AnsibleExitJson(SystemExit):
-    """exit_json was called (a SystemExit, as the real exit_json's, so no ``except Exception`` hides it)."""
-
-
-class AnsibleFailJson(SystemExit):
-    """fail_json was called (a SystemExit, as the real fail_json's)."""
-
-
-def _exit_json(self, **kwargs):
-    kwargs.setdefault("changed", False)
-    raise AnsibleExitJson(kwargs)
-
-
-def _fail_json(self, msg, **kwargs):
-    kwargs["failed"] = True
-    kwargs["msg"] = msg
-    raise AnsibleFailJson(kwargs)
-
-
-class Host:
+class Host(CommandHost):
     """A fake host: a root tree, a bin directory of fake commands, and a log of the commands run."""
-
-    def __init__(self, base):
-        self.root = os.path.join(str(base), "root")
-        self.bin = os.path.join(str(base), "bin")
-        os.makedirs(self.root)
-        os.makedirs(self.bin)
-        os.symlink("/usr/bin/timeout", os.path.join(self.bin, "timeout"))
-        self.log = os.path.join(self.root, "calls.log")
-
-    def path(self, path):
-        return os.path.join(self.root, path.lstrip("/"))
-
-    def write(self, path, text, mode=0o644):
-        full = self.path(path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w") as handle:
-            handle.write(text)
-        os.chmod(full, mode)
-        return full
-
-    def read(self, path):
-        with open(self.path(path)) as handle:
-            return handle.read()
-
-    def exists(self, path):
-        return os.path.exists(self.path(path))
-
-    def script(self, name, body):
-        full = os.path.join(self.bin, name)
-        with open(full, "w") as handle:
-            handle.write(body)
-        os.chmod(full, 0o755)
-        return full
 
     def calls(self):
         if not os.path.exists(self.log):
@@ -266,35 +214,8 @@ def rhel_host(base, with_grubby=True):
     return host
 
 
-@contextlib.contextmanager
-def patched(host):
-    def get_bin_path(self, arg, required=False, opt_dirs=None):
-        candidate = os.path.join(host.bin, arg)
-        if os.path.exists(candidate):
-            return candidate
-        if required:
-            self.fail_json(msg="Failed to find required executable %r" % arg)
-        return None
-
-    with mock.patch.multiple(basic.AnsibleModule, exit_json=_exit_json, fail_json=_fail_json,
-                             get_bin_path=get_bin_path), \
-            mock.patch.object(kernel_cmdline, "HOST_ROOT", host.root):
-        yield
-
-
 def run(host, check=False, diff=False, **params):
-    params["_ansible_check_mode"] = check
-    params["_ansible_diff"] = diff
-    warnings = []
-    with patched(host), patch_module_args(params), \
-            mock.patch.object(basic.AnsibleModule, "warn", lambda self, text: warnings.append(text)):
-        try:
-            kernel_cmdline.main()
-        except (AnsibleExitJson, AnsibleFailJson) as exc:
-            result = exc.args[0]
-            result["warnings"] = warnings
-            return result
-    raise AssertionError("module returned without exit_json or fail_json")
+    return run_with_commands(kernel_cmdline, host, params, check=check, diff=diff, root_name="HOST_ROOT")
 
 
 DROPIN = "/etc/default/grub.d/99-gpuops-sandbox.cfg"

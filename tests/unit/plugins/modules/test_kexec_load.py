@@ -17,22 +17,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _kexec
 from ansible_collections.gpuops.sandbox.plugins.modules import kexec_load
 
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import (
-    ModuleExit,
-    ModuleFail,
-    raise_on_exit,
-)
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import raise_on_exit, run_with_commands
 
 UUID = "6f1a2b3c-4d5e-4f60-8172-93a4b5c6d7e8"
 VERSION = "6.1.0-18-amd64"
@@ -187,46 +181,18 @@ def debian_grub_cfg(boot="/boot", default='"0"', args=ARGS, first=None):
     return head + first + submenu + tail
 
 
-class Host:
-    """A fake host: a root tree, a bin directory of fake commands, the log of the commands run."""
+class Host(CommandHost):
+    """A fake host: a root tree, a bin directory of fake commands (kexec from the start), the log of the
+    commands run."""
 
     def __init__(self, base):
-        self.root = os.path.join(str(base), "root")
-        self.bin = os.path.join(str(base), "bin")
-        os.makedirs(self.root)
-        os.makedirs(self.bin)
-        os.symlink("/usr/bin/timeout", os.path.join(self.bin, "timeout"))
-        self.log = os.path.join(self.root, "calls.log")
+        super().__init__(base)
         self.write("/sys/kernel/kexec_loaded", "0\n")
         self.write("/proc/sys/kernel/random/boot_id", "0f8b6e1c-3a5d-4f2e-9c7b-1d2e3f4a5b6c\n")
         self.kexec = self.script("kexec", FAKE_KEXEC.format(python=sys.executable, root=self.root))
 
-    def path(self, path):
-        return os.path.join(self.root, path.lstrip("/"))
-
-    def write(self, path, text):
-        full = self.path(path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w" if isinstance(text, str) else "wb") as handle:
-            handle.write(text)
-        return full
-
-    def read(self, path):
-        with open(self.path(path)) as handle:
-            return handle.read()
-
-    def exists(self, path):
-        return os.path.exists(self.path(path))
-
     def remove(self, path):
         os.unlink(self.path(path))
-
-    def script(self, name, body):
-        full = os.path.join(self.bin, name)
-        with open(full, "w") as handle:
-            handle.write(body)
-        os.chmod(full, 0o755)
-        return full
 
     def calls(self):
         if not os.path.exists(self.log):
@@ -250,26 +216,8 @@ class Host:
 
 def run(host, check=False, diff=False, **params):
     """Run the module on ``host``; return the result with ``failed`` and the ``warnings`` it gave."""
-    warnings = []
-
-    def get_bin_path(self, arg, required=False, opt_dirs=None):
-        candidate = os.path.join(host.bin, arg)
-        return candidate if os.path.exists(candidate) else None
-
-    params = dict(params, _ansible_check_mode=check, _ansible_diff=diff)
-    result = None
-    with mock.patch.multiple(basic.AnsibleModule, get_bin_path=get_bin_path,
-                             warn=lambda self, text: warnings.append(text)), \
-            mock.patch.object(kexec_load, "ROOT", host.root), patch_module_args(params):
-        try:
-            kexec_load.main()
-        except ModuleExit as done:
-            result = dict(done.result, failed=False)
-        except ModuleFail as failed:
-            result = dict(failed.result)
-    if result is None:
-        raise AssertionError("the module returned without exit_json or fail_json")
-    result["warnings"] = warnings
+    result = run_with_commands(kexec_load, host, params, check=check, diff=diff)
+    result.setdefault("failed", False)
     return result
 
 

@@ -15,15 +15,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov, _sysfs
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
 from ansible_collections.gpuops.sandbox.plugins.modules import sriov_vfs
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import raise_on_exit, run_main
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import (
+    TIMEOUTS_OUT_OF_BOUNDS,
+    assert_run_ends_cleanly,
+    raise_on_exit,
+    run_main,
+)
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
     NVME_PF,
     FakeKernel,
     FakeTree,
     _oserror,
     add_nvme_pf,
+    install_kernel,
 )
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOSTILE_VALUES
 
@@ -36,9 +42,7 @@ def patched(monkeypatch):
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     tree = FakeTree(tmp_path)
-    kernel = FakeKernel(tree)
-    monkeypatch.setattr(_sriov, "write_attr", kernel.write)
-    monkeypatch.setattr(_sysfs, "_sleep", lambda _seconds: None)
+    kernel = install_kernel(tree, monkeypatch)
     add_nvme_pf(tree)
     return tree, kernel
 
@@ -157,6 +161,35 @@ def test_driver_refuses_and_old_count_restored(host):
     assert numvfs(tree) == 2
 
 
+def test_driver_refuses_and_autoprobe_restored(host):
+    tree, kernel = host
+    kernel.refuse["/sriov_numvfs"] = errno.ENOMEM
+    result, failed = run(tree, {"pf": NVME_PF, "count": 2, "autoprobe": False})
+    assert failed and "Cannot allocate memory" in result["msg"]
+    assert result["msg"].endswith("; sriov_drivers_autoprobe restored to 1")
+    assert tree.read("/sys/bus/pci/devices/%s/sriov_drivers_autoprobe" % NVME_PF) == "1" and numvfs(tree) == 0
+
+
+def test_driver_refuses_and_restoring_autoprobe_fails(host):
+    tree, kernel = host
+    autoprobe_writes = []
+
+    def refuse(_kernel, _path, rel, value):
+        if rel.endswith("/sriov_numvfs"):
+            raise _oserror(errno.ENOMEM, rel)
+        if rel.endswith("/sriov_drivers_autoprobe"):
+            autoprobe_writes.append(value)
+            if len(autoprobe_writes) > 1:
+                raise _oserror(errno.EIO, rel)
+        return False
+
+    kernel.hooks.append(refuse)
+    result, failed = run(tree, {"pf": NVME_PF, "count": 2, "autoprobe": False})
+    assert failed and "Cannot allocate memory" in result["msg"]
+    assert "; restoring sriov_drivers_autoprobe failed: " in result["msg"] and autoprobe_writes == ["0", "1"]
+    assert tree.read("/sys/bus/pci/devices/%s/sriov_drivers_autoprobe" % NVME_PF) == "0"
+
+
 # --------------------------------------------------------------------------- bounds checked before any change
 
 
@@ -174,10 +207,7 @@ def test_boolean_count_is_refused(host, count):
     assert tree.snapshot() == before and kernel.writes == []
 
 
-@pytest.mark.parametrize("timeout,message", [
-    (10 ** 30, "timeout must be 0 to 3600 seconds, got a number of 31 digits; nothing was changed"),
-    (3601, "timeout must be 0 to 3600 seconds, got 3601; nothing was changed"),
-    (True, "timeout must be a whole number of seconds, got True; nothing was changed"),
+@pytest.mark.parametrize("timeout,message", TIMEOUTS_OUT_OF_BOUNDS + [
     ("1e400", "timeout must be 0 to 3600 seconds, got a number of 401 digits; nothing was changed"),
     (10 ** 400, "timeout must be 0 to 3600 seconds, got a number of 401 digits; nothing was changed"),
 ])
@@ -212,10 +242,4 @@ HOSTILE = st.sampled_from(HOSTILE_VALUES)
 }), check=st.booleans())
 def test_fuzz_never_raises(host, args, check):
     tree, _kernel = host
-    result, failed = run(tree, args, check=check)
-    assert isinstance(result, dict)
-    if failed:
-        assert isinstance(result["msg"], str) and result["msg"]
-        assert "Traceback" not in result["msg"]
-    else:
-        assert isinstance(result["changed"], bool)
+    assert_run_ends_cleanly(*run(tree, args, check=check))

@@ -18,13 +18,13 @@ from hypothesis import strategies as hs
 
 from ansible.module_utils import basic
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov, _sysfs
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts, sriov_vfs
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
     NVME_PF,
-    FakeKernel,
     FakeTree,
     add_nvme_pf,
+    install_kernel,
 )
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import failing_atomic_move
@@ -40,9 +40,7 @@ BOOT_FILES = sorted([CONF, SCRIPT, UNIT, LINK])
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     tree = FakeTree(tmp_path)
-    kernel = FakeKernel(tree)
-    monkeypatch.setattr(_sriov, "write_attr", kernel.write)
-    monkeypatch.setattr(_sysfs, "_sleep", lambda _seconds: None)
+    kernel = install_kernel(tree, monkeypatch)
     monkeypatch.setattr(sriov_vfs, "ROOT", tree.root)
     add_nvme_pf(tree)
     tree.add_pf(SECOND_PF, "0x1b36", "0x0010", "0x010802", "nvme", 8, 1, "0x0010")
