@@ -20,7 +20,7 @@ description:
     C(GRUB_CMDLINE_LINUX) and/or C(GRUB_CMDLINE_LINUX_DEFAULT) (only the variables whose value it had to
     change); then it runs C(update-grub), or C(grub-mkconfig -o /boot/grub/grub.cfg) when C(update-grub)
     is missing. A record that C(grub.cfg) is due, C(/var/lib/gpuops/pending/bootloader.json), is synced to disk
-    before the drop-in is written and removed once the command succeeded: a run cut short in between (a power
+    before the drop-in is written and removed once the command succeeded; a run cut short in between (a power
     loss, a killed controller) leaves it, and the next run generates C(grub.cfg) again although the drop-in
     already holds the requested line.
   - C(grubby) (RHEL 8/9 family) changes every boot entry with C(grubby --update-kernel=ALL), reads the
