@@ -18,7 +18,9 @@ version_added: 0.4.0
 description:
   - Takes the C(host_verify_report) facts of the GPU nodes (see the role R(gpuops.sandbox.host_verify,
     ansible_collections.gpuops.sandbox.host_verify_role)) and the names of all GPU nodes, and returns one
-    string, with a header line and one row per node (HOST, TYPE, READY, GROUPS, MDEVS, DETAIL). The detail (the
+    string, with a header line and one row per node (HOST, TYPE, READY, VFIO, MDEVS, DETAIL). VFIO is the
+    verdict of M(gpuops.sandbox.vfio_probe) on the devices the node hands to VMs (C(yes), C(busy) when a VM uses
+    some, C(NO), or C(-) when nothing was probed); the IOMMU group count is in the document. The detail (the
     failed checks, or the GPUs and their drivers) wraps inside its own column, so no line is wider than O(width).
   - A node without a report (unreachable, or failed before the check) gets a row saying so.
   - P(gpuops.sandbox.readiness_document#filter) returns the same data as a dict for a JSON file.
@@ -54,13 +56,19 @@ _value:
 """
 
 # Column names and the widest each may get (a longer host name is cut, and marked with ~).
-COLUMNS = (("HOST", 32), ("TYPE", 14), ("READY", 6), ("GROUPS", 6), ("MDEVS", 5))
+COLUMNS = (("HOST", 32), ("TYPE", 14), ("READY", 6), ("VFIO", 4), ("MDEVS", 5))
 
 
 def _ready(report):
     if report.get("ready"):
         return "yes"
     return "reboot" if report.get("reboot_pending") else "NO"
+
+
+def _vfio(report):
+    """The vfio_probe verdict: yes, busy (in use by a VM), NO, or - (nothing handed to VMs, or not probed)."""
+    probe = report.get("vfio_probe")
+    return probe.get("verdict", "-") if isinstance(probe, dict) else "-"
 
 
 def _detail(report):
@@ -85,7 +93,7 @@ def _rows(reports, hosts):
         if report is None:
             rows.append((host, "?", "NO", "-", "-", "not checked: unreachable or failed before the check"))
         else:
-            rows.append((host, report.get("workload_type", "?"), _ready(report), str(report.get("iommu_groups", "-")),
+            rows.append((host, report.get("workload_type", "?"), _ready(report), _vfio(report),
                          str(report.get("mdevs", "-")), _detail(report)))
     return rows
 

@@ -12,7 +12,7 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 def test_the_play_prints_a_table_and_writes_the_json(tmp_path):
     report = {"host": "gpu-a", "workload_type": "vm-passthrough", "ready": True, "reboot_pending": False,
-              "iommu_groups": 12, "mdevs": 0, "gpus": ["0000:65:00.0=vfio-pci"], "checks": []}
+              "iommu_groups": 12, "mdevs": 0, "vfio_probe": {"verdict": "yes", "probed": 1}, "gpus": ["0000:65:00.0=vfio-pci"], "checks": []}
     inventory = {"gpu_nodes": {"hosts": {"gpu-a": {"host_verify_report": report}, "gpu-b": {}}}}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(yaml.safe_dump([{
@@ -25,7 +25,7 @@ def test_the_play_prints_a_table_and_writes_the_json(tmp_path):
     block = out[out.index("HOST "):]
     block = block[:block.index("GPU nodes ready") + len("GPU nodes ready")]
     lines = [line.strip() for line in block.split("\n")]
-    assert lines[1].split() == ["gpu-a", "vm-passthrough", "yes", "12", "0", "65:00.0=vfio-pci"], block
+    assert lines[1].split() == ["gpu-a", "vm-passthrough", "yes", "yes", "0", "65:00.0=vfio-pci"], block
     assert lines[2].split()[:3] == ["gpu-b", "?", "NO"] and "not checked" in block
     assert lines[-1] == "1 of 2 GPU nodes ready"
     printed = out.split("\n")

@@ -18,10 +18,11 @@ from ansible_collections.gpuops.sandbox.plugins.filter.readiness_table import re
 READY = {"host": "gpu-a", "workload_type": "container", "ready": True, "reboot_pending": False, "iommu_groups": 0,
          "mdevs": 0, "gpus": ["0000:65:00.0=nvidia"], "checks": [{"check": "nouveau", "ok": True}]}
 FAILED = {"host": "gpu-b-with-a-rather-long-inventory-name", "workload_type": "vm-passthrough", "ready": False,
-          "reboot_pending": False, "iommu_groups": 41, "mdevs": 0,
+          "reboot_pending": False, "iommu_groups": 41, "mdevs": 0, "vfio_probe": {"verdict": "NO", "probed": 8},
           "gpus": ["0000:%02x:00.0=vfio-pci" % n for n in range(8)],
           "checks": [{"check": "gpus on vfio-pci %d" % n, "ok": False} for n in range(12)]}
-PENDING = dict(READY, host="gpu-c", workload_type="vm-vgpu", ready=False, reboot_pending=True)
+PENDING = dict(READY, host="gpu-c", workload_type="vm-vgpu", ready=False, reboot_pending=True,
+               vfio_probe={"verdict": "busy", "probed": 2})
 
 
 @pytest.mark.parametrize("width", [72, 100, 160])
@@ -29,7 +30,7 @@ def test_no_line_is_wider_than_asked_and_rows_do_not_wrap_mid_row(width):
     table = readiness_table([READY, FAILED, PENDING], ["gpu-a", FAILED["host"], "gpu-c", "gpu-d"], width=width)
     lines = table.split("\n")
     assert max(len(line) for line in lines) <= width, table
-    assert lines[0].split() == ["HOST", "TYPE", "READY", "GROUPS", "MDEVS", "DETAIL"]
+    assert lines[0].split() == ["HOST", "TYPE", "READY", "VFIO", "MDEVS", "DETAIL"]
     detail_at = lines[0].index("DETAIL")
     # A row starts at column 0; a continuation line is blank up to the DETAIL column.
     rows = [line for line in lines[1:-1] if not line.startswith(" ")]
@@ -44,10 +45,11 @@ def test_no_line_is_wider_than_asked_and_rows_do_not_wrap_mid_row(width):
 def test_cells_say_what_a_person_needs():
     table = readiness_table([READY, FAILED, PENDING], ["gpu-a", FAILED["host"], "gpu-c", "gpu-d"], width=200)
     rows = {line.split()[0]: line for line in table.split("\n")[1:-1] if not line.startswith(" ")}
-    assert rows["gpu-a"].split()[1:6] == ["container", "yes", "0", "0", "65:00.0=nvidia"]
+    # A container node hands nothing to VMs: no probe, "-".
+    assert rows["gpu-a"].split()[1:6] == ["container", "yes", "-", "0", "65:00.0=nvidia"]
     failed = rows[FAILED["host"][:31] + "~"]
-    assert failed.split()[1:5] == ["vm-passthrough", "NO", "41", "0"] and "failed: gpus on vfio-pci 0" in failed
-    assert rows["gpu-c"].split()[1:3] == ["vm-vgpu", "reboot"] and "reboot pending" in rows["gpu-c"]
+    assert failed.split()[1:5] == ["vm-passthrough", "NO", "NO", "0"] and "failed: gpus on vfio-pci 0" in failed
+    assert rows["gpu-c"].split()[1:4] == ["vm-vgpu", "reboot", "busy"] and "reboot pending" in rows["gpu-c"]
     assert "not checked: unreachable" in rows["gpu-d"] and rows["gpu-d"].split()[1:3] == ["?", "NO"]
 
 
