@@ -43,6 +43,8 @@ description:
     least one) and C(SR-IOV VFs of <PF>) for each PF of O(expected) C(sriov).
   - At the V(after-reboot) stage - C(<address> back on vfio-pci after the reboot) for each GPU of O(expected)
     C(vfio).
+  - C(dra), when O(dra_blockers) holds a result - C(nothing holds the GPUs' device nodes) (no process would keep
+    the DRA driver from moving a GPU to vfio-pci; each blocker is named with its kind, pid, unit and nodes).
   - Bad input (a fact or setting of the wrong type, an unknown workload type or stage, an address that is not one)
     raises an error naming it.
 author:
@@ -67,9 +69,13 @@ options:
     required: true
     choices: [container, vm-passthrough, vm-vgpu, dra]
   cpu_vendor:
-    description: CPU vendor (Intel hosts need C(intel_iommu=on); AMD-Vi is on with the firmware's table).
+    description:
+      - CPU vendor (Intel hosts need C(intel_iommu=on); AMD-Vi is on with the firmware's table).
+      - V(unknown) - neither Intel nor AMD (for example an Arm container node), so no vendor-specific IOMMU
+        argument is expected or looked for; the C(kernel command line) check of a VM node type or dra then fails, as the
+        IOMMU of such a host cannot be turned on by this collection.
     type: str
-    choices: [intel, amd]
+    choices: [intel, amd, unknown]
     default: intel
   stage:
     description: V(after-reboot) checks what must have survived a reboot; V(final) the whole readiness.
@@ -110,6 +116,12 @@ options:
     type: list
     elements: dict
     default: []
+  dra_blockers:
+    description:
+      - The registered result of M(gpuops.sandbox.dra_blockers) (check mode, C(fail_on_blocker=false)) on a C(dra)
+        node. Empty or skipped adds no check; a failed run fails the check with its message.
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
@@ -141,7 +153,7 @@ _value:
 NAME = "host_checks"
 STAGES = ("after-reboot", "final")
 MODES = ("host", "operator")
-CPU_VENDORS = ("intel", "amd")
+CPU_VENDORS = ("intel", "amd", "unknown")
 READ_ATTRIBUTES = ("uevent", "driver_override")
 NULL_OVERRIDE = "(null)"
 
@@ -302,23 +314,29 @@ def _unique(values):
 def _boot_checks(iommu, vm, cpu_vendor, iommu_pt, workload_type):
     flags = _mapping("iommu.cmdline_flags", iommu.get("cmdline_flags") or {})
     cmdline = iommu.get("cmdline")
-    arg = cpu_vendor + "_iommu"
+    # unknown (neither Intel nor AMD, e.g. an Arm container node): no vendor-specific argument.
+    arg = None if cpu_vendor == "unknown" else cpu_vendor + "_iommu"
     checks = []
     if vm:
         # Intel turns VT-d on with intel_iommu=on; AMD-Vi is on with the firmware's IVRS table, and the kernel has
         # no amd_iommu=on (host_prepare never writes it), so an AMD host is only asked for iommu=pt.
         wanted = (["intel_iommu=on"] if cpu_vendor == "intel" else []) + (["iommu=pt"] if iommu_pt else [])
         ok = (cpu_vendor != "intel" or flags.get("intel_iommu", "") == "on") and (not iommu_pt or flags.get("iommu", "") == "pt")
-        if wanted:
+        if arg is None:
+            # The preflight role refuses such a VM node; a host prepared anyway is not ready.
+            ok = False
+            detail = "the CPU vendor is neither Intel nor AMD, so this collection cannot turn the IOMMU on: %s" % cmdline
+        elif wanted:
             detail = "/proc/cmdline should have %s: %s" % (" ".join(wanted), cmdline)
         else:
             detail = "/proc/cmdline needs no IOMMU argument (AMD-Vi is on with the firmware's IVRS table): %s" % cmdline
         checks.append(_check("kernel command line", ok, detail))
         checks.append(_check("IOMMU groups", iommu.get("enabled"), "%s IOMMU groups" % iommu.get("group_count")))
     if workload_type == "container":
+        unwanted = ([arg + "=on"] if arg else []) + ["iommu=pt"]
         checks.append(_check("no IOMMU arguments of a VM node",
-                             flags.get(arg, "") != "on" and flags.get("iommu", "") != "pt",
-                             "/proc/cmdline should not have %s=on or iommu=pt: %s" % (arg, cmdline)))
+                             (arg is None or flags.get(arg, "") != "on") and flags.get("iommu", "") != "pt",
+                             "/proc/cmdline should not have %s: %s" % (" or ".join(unwanted), cmdline)))
     return checks
 
 
@@ -398,8 +416,30 @@ def _vgpu_checks(host, expected, stage):
     return checks
 
 
+DRA_BLOCKERS_CHECK = "nothing holds the GPUs' device nodes"
+
+
+def _dra_blocker_checks(result):
+    """The check of a dra_blockers result: no blocker (and the run itself did not fail)."""
+    result = _plain(_mapping("dra_blockers", result or {}))
+    if not result or result.get("skipped"):
+        return []
+    if result.get("failed"):
+        return [_check(DRA_BLOCKERS_CHECK, False, "dra_blockers failed: %s" % result.get("msg", "no message"))]
+    blockers = result.get("blockers")
+    if not isinstance(blockers, list) or not all(isinstance(b, Mapping) for b in blockers):
+        _fail("dra_blockers.blockers must be a list of dicts (the blockers of the dra_blockers module), got %r",
+              blockers)
+    named = ["%s pid %s%s holds %s" % (b.get("kind"), b.get("pid"), " (%s)" % b["unit"] if b.get("unit") else "",
+                                       ", ".join(b.get("paths") or [])) for b in blockers]
+    return [_check(DRA_BLOCKERS_CHECK, not blockers,
+                   "; ".join(named) + " (see the dra_blockers remedies)" if named else
+                   "no process holds a /dev/nvidia* node that the DRA driver needs free")]
+
+
 def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="final", reboot_pending=False,
-                iommu_pt=True, vfio_binding="host", vgpu_devices="host", expected=None, reads=None):
+                iommu_pt=True, vfio_binding="host", vgpu_devices="host", expected=None, reads=None,
+                dra_blockers=None):
     gpus = _plain(_gpus(gpus))
     iommu = _plain(_mapping("iommu (gpuops_iommu of gpu_facts)", iommu))
     host = _plain(_mapping("host (gpuops_host of gpu_facts)", host))
@@ -433,6 +473,8 @@ def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="fin
         checks.append(_check("vfio boot settings", modules and len(rules) >= len(gpus), "vfio files %s" % (modules + rules)))
     if workload_type == "vm-vgpu" and vgpu_devices == "host":
         checks.extend(_vgpu_checks(host, expected, stage))
+    if workload_type == "dra":
+        checks.extend(_dra_blocker_checks(dra_blockers))
     if stage == "after-reboot":
         for address in expected["vfio"]:
             if address in drivers:

@@ -9,6 +9,8 @@
   result keys (``rollback``, ``kind``, ...).
 - ``create_module``: AnsibleModule, failing with a message for argument values ansible-core's own checks turn
   into exceptions (``inf``, ``nan``, integers of thousands of digits).
+- ``run_timed``: runs one command from an argument list with ``LC_ALL=C`` under timeout(1), telling a command that
+  ran out of time apart in its stderr.
 - ``run_module``: builds the module, runs its body, and turns every outcome into ``exit_json`` or ``fail_json``:
   a ``GpuopsError`` with its message, a filesystem error with a message naming it, anything else as an
   internal error with its type and text. No traceback reaches the user. Secrets registered with
@@ -23,6 +25,7 @@ MASK = "********"
 # The exit codes the collection's command runners use for a command that ran out of time (timeout(1) uses 124;
 # 137 is a process killed by SIGKILL after it).
 TIMEOUT_RC = 124
+KILLED_AFTER_TIMEOUT_RC = 137
 
 
 class GpuopsError(Exception):
@@ -115,6 +118,21 @@ def check_timeout(value, low, high, error=GpuopsError, name="timeout"):
         if error is GpuopsError:
             raise
         raise error(exc.msg) from exc
+
+
+def run_timed(module, argv, timeout, option="command_timeout", kill_after=10):
+    """Run ``argv`` (a list, never a shell string) with ``LC_ALL=C`` under ``timeout --kill-after``; return
+    ``(rc, stdout, stderr)`` as strings. A command that ran out of time gets a line in its stderr naming the time
+    limit and ``option`` (the module option that sets it). Without timeout(1) on the host the command runs unbounded.
+    """
+    full = list(argv)
+    timeout_bin = module.get_bin_path("timeout") if timeout and timeout > 0 else None
+    if timeout_bin:
+        full = [timeout_bin, "--kill-after=%d" % kill_after, str(timeout)] + full
+    rc, out, err = module.run_command(full, environ_update={"LC_ALL": "C"}, expand_user_and_vars=False)
+    if timeout_bin and rc in (TIMEOUT_RC, KILLED_AFTER_TIMEOUT_RC):
+        err = "%s\n%s did not finish within %d seconds (%s)" % ((err or "").rstrip(), argv[0], timeout, option)
+    return rc, out or "", err or ""
 
 
 def run_module(build, body, *args, **kwargs):

@@ -14,6 +14,7 @@ raised as :class:`SysfsError` (or :class:`SelectorError`); only modules turn the
 from __future__ import annotations
 
 import errno
+import fnmatch
 import os
 import re
 
@@ -646,8 +647,12 @@ def select_functions(root="/", addresses=None, vendors=None, classes=None, inclu
 # Holders
 # ---------------------------------------------------------------------------------------------
 
-def find_holders(device_paths, root="/"):
+def find_holders(device_paths, root="/", patterns=None):
     """Return the processes holding any of ``device_paths`` open (``/dev/nvidia0``, ``/dev/vfio/12``).
+
+    ``patterns``: absolute shell-style patterns (``fnmatch``: ``*`` also crosses ``/``) matched against
+    every descriptor's target as well, e.g. ``/dev/nvidia*`` for all NVIDIA nodes, ``nvidia-caps/*``
+    included.
 
     Scans ``/proc/<pid>/fd``; each result is ``{"pid", "comm", "cmdline", "device"}``, one per process
     and device, sorted by pid then device. ``cmdline`` is the process's full command line, its arguments
@@ -660,7 +665,13 @@ def find_holders(device_paths, root="/"):
             raise SysfsError("device path %r is not valid; expected an absolute path such as /dev/nvidia0"
                              % (path,))
         wanted.add(os.path.normpath(path))
-    if not wanted:
+    globs = []
+    for pattern in patterns or []:
+        if not isinstance(pattern, str) or not pattern.startswith("/"):
+            raise SysfsError("device pattern %r is not valid; expected an absolute pattern such as /dev/nvidia*"
+                             % (pattern,))
+        globs.append(os.path.normpath(pattern))
+    if not wanted and not globs:
         return []
     proc = host_path(root, "/proc")
     try:
@@ -681,7 +692,7 @@ def find_holders(device_paths, root="/"):
                 target = os.readlink(os.path.join(fd_dir, fd))
             except (IOError, OSError):
                 continue
-            if target in wanted:
+            if target in wanted or any(fnmatch.fnmatchcase(target, pattern) for pattern in globs):
                 found.add((pid, target))
                 if pid not in comms:
                     try:

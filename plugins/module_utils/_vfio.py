@@ -38,11 +38,13 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     find_holders,
     group_viability,
     iommu_group_of,
+    iommu_groups,
+    list_functions,
     read_identity,
     sriov_info,
     vgpu_info,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import cmdline_flags
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import normalize_key, parse_cmdline
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text
 
 PCI_DRIVERS = "/sys/bus/pci/drivers"
@@ -140,10 +142,10 @@ def parse_vfio_aliases(text):
     return aliases
 
 
-def read_modules_alias(root="/", release=None):
-    """Text of ``/lib/modules/<release>/modules.alias`` ('' when missing)."""
+def read_modules_alias(root="/", release=None, name="modules.alias"):
+    """Text of ``/lib/modules/<release>/modules.alias`` (or another file there, ``name``; '' when missing)."""
     release = release or os.uname().release
-    path = host_path(root, "/lib/modules/%s/modules.alias" % release)
+    path = host_path(root, "/lib/modules/%s/%s" % (release, name))
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as handle:
             return handle.read()
@@ -182,6 +184,85 @@ def target_driver(address, requested, root="/", release=None, aliases=None):
     if aliases is None:
         aliases = parse_vfio_aliases(read_modules_alias(root, release))
     return match_variant(modalias, aliases) or VFIO_PCI_DRIVER
+
+
+# ---------------------------------------------------------------------------------------------
+# Host drivers: modalias against the ``alias pci:`` lines of modules.alias (and modules.builtin.alias)
+# ---------------------------------------------------------------------------------------------
+
+def parse_pci_aliases(text):
+    """Return ``[(pattern, module)]`` from the ``alias pci:<pattern> <module>`` lines of modules.alias."""
+    aliases = []
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "alias" and parts[1].startswith("pci:"):
+            aliases.append((parts[1][len("pci:"):], parts[2]))
+    return aliases
+
+
+def read_pci_aliases(root="/", release=None):
+    """The ``alias pci:`` lines of the running kernel's modules.alias, then those of its built-in drivers."""
+    return (parse_pci_aliases(read_modules_alias(root, release))
+            + parse_pci_aliases(read_modules_alias(root, release, "modules.builtin.alias")))
+
+
+def _module_key(name):
+    return name.replace("-", "_")
+
+
+def is_host_module(module):
+    """False for the vfio modules (vfio_pci, its variants, vfio itself) and pci_stub, which only hold devices."""
+    key = _module_key(module)
+    return not (key.startswith("vfio") or key.endswith("_vfio_pci") or key == "pci_stub")
+
+
+def host_modules(modalias, aliases):
+    """The host modules (:func:`is_host_module`) whose ``alias pci:`` pattern matches ``modalias``, in file order."""
+    if not modalias or not modalias.startswith("pci:"):
+        return []
+    body = modalias[len("pci:"):]
+    found = []
+    for pattern, module in aliases:
+        key = _module_key(module)
+        if key not in found and is_host_module(key) and fnmatch.fnmatchcase(body, pattern):
+            found.append(key)
+    return found
+
+
+def pci_drivers_by_module(root="/"):
+    """``{module: [driver, ...]}`` of the PCI drivers registered now, from ``/sys/bus/pci/drivers/<driver>/module``.
+
+    A PCI driver's name need not be its module's (module ``xhci_pci`` registers driver ``xhci_hcd``); built-in
+    drivers have the link too (to ``/sys/module/<name>``).
+    """
+    base = host_path(root, PCI_DRIVERS)
+    try:
+        names = sorted(os.listdir(base))
+    except (IOError, OSError):
+        return {}
+    found = {}
+    for name in names:
+        module = link_name(os.path.join(base, name, "module"))
+        if module and DRIVER_NAME_RE.fullmatch(name):
+            found.setdefault(_module_key(module), []).append(name)
+    return found
+
+
+def host_driver(address, root="/", release=None, aliases=None):
+    """Work out the host driver of ``address`` when nothing recorded it; return ``(driver or None, modules, loaded)``.
+
+    ``modules`` are the host modules whose ``alias pci:`` lines match the function's ``modalias``; ``loaded`` the
+    PCI drivers registered now that those modules provide (neither vfio nor pci-stub). ``driver`` is set only
+    when exactly one is loaded: that is the driver to bind explicitly.
+    """
+    modalias = read_attr(os.path.join(pci_device_dir(address, root), "modalias"), default="")
+    if aliases is None:
+        aliases = read_pci_aliases(root, release)
+    modules = host_modules(modalias, aliases)
+    by_module = pci_drivers_by_module(root)
+    loaded = sorted({d for m in modules for d in by_module.get(m, [])
+                     if not is_vfio_driver(d) and _module_key(d) != "pci_stub"})
+    return (loaded[0] if len(loaded) == 1 else None), modules, loaded
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,9 +382,10 @@ def _id_matches(entry, state):
     return have[4] is None or (have[4] & fields[5]) == (fields[4] & fields[5])
 
 
-def _modprobe_ids(root):
-    """``[(file, ids entry)]`` from ``options vfio-pci ids=`` lines of the modprobe.d directories."""
-    found = []
+def _modprobe_files(root):
+    """``[(path, text)]`` of the modprobe.d files modprobe reads, in its order; an earlier directory's file hides a
+    later one of the same name."""
+    files = []
     seen = set()
     for directory in MODPROBE_DIRS:
         try:
@@ -313,17 +395,81 @@ def _modprobe_ids(root):
         for name in names:
             if not name.endswith(".conf") or name in seen:
                 continue
-            seen.add(name)   # an earlier directory's file of the same name hides the later one
+            seen.add(name)
             path = directory + "/" + name
-            text = read_text(root, path) or ""
-            for line in text.replace("\\\n", " ").splitlines():
-                match = _OPTIONS_IDS_RE.fullmatch(line.split("#", 1)[0])
-                if not match:
-                    continue
-                for option in match.group(1).split():
-                    if option.startswith("ids="):
-                        found.extend((path, item) for item in option[4:].split(",") if item)
+            files.append((path, read_text(root, path) or ""))
+    return files
+
+
+def _conf_lines(text):
+    """``text`` cut into the lines modprobe reads, each with its ``\\`` continuations and its newline, as written."""
+    lines, current = [], []
+    for line in text.splitlines(True):
+        current.append(line)
+        if not line.rstrip("\r\n").endswith("\\"):
+            lines.append("".join(current))
+            current = []
+    if current:
+        lines.append("".join(current))
+    return lines
+
+
+def _logical(line):
+    """One line of :func:`_conf_lines` as modprobe reads it: continuations joined, newline dropped."""
+    return line.rstrip("\r\n").replace("\\\r\n", " ").replace("\\\n", " ")
+
+
+def _options_ids(line):
+    """The ``ids=`` entries of an ``options vfio-pci`` line (a logical line), or None for any other line."""
+    match = _OPTIONS_IDS_RE.fullmatch(line.split("#", 1)[0])
+    if not match:
+        return None
+    found = []
+    for option in match.group(1).split():
+        if option.startswith("ids="):
+            found.extend(item for item in option[4:].split(",") if item)
     return found
+
+
+def _modprobe_ids(root):
+    """``[(file, ids entry)]`` from ``options vfio-pci ids=`` lines of the modprobe.d directories."""
+    found = []
+    for path, text in _modprobe_files(root):
+        for line in _conf_lines(text):
+            found.extend((path, item) for item in _options_ids(_logical(line)) or [])
+    return found
+
+
+def _cmdline_ids(root):
+    """``[(key, value)]`` of the ``vfio-pci.ids`` arguments of the running kernel's command line, as written."""
+    text = read_text(root, "/proc/cmdline") or ""
+    return [(key, value) for key, value in parse_cmdline(text)
+            if normalize_key(key) == "vfio_pci.ids" and value]
+
+
+def find_claims(state, root="/"):
+    """How the host claims ``state``'s function for vfio-pci outside this module: a dict per claim.
+
+    ``kind`` is ``cmdline``, ``modprobe`` or ``driverctl``; ``path`` the file (``/proc/cmdline`` for the
+    command line); ``entry`` the ``ids`` entry (the override's driver for driverctl); ``text`` a line saying so.
+    """
+    claims = []
+    for _key, value in _cmdline_ids(root):
+        for entry in value.split(","):
+            if entry and _id_matches(entry, state):
+                claims.append({"kind": "cmdline", "path": "/proc/cmdline", "entry": entry,
+                               "text": "vfio-pci.ids=%s on the kernel command line (/proc/cmdline; put there by the "
+                                       "boot configuration, e.g. /etc/default/grub)" % entry})
+    for path, entry in _modprobe_ids(root):
+        if _id_matches(entry, state):
+            claims.append({"kind": "modprobe", "path": path, "entry": entry,
+                           "text": "options vfio-pci ids=%s in %s" % (entry, path)})
+    path = driverctl_path(state["address"])
+    override = read_text(root, path)
+    if override is not None and is_vfio_driver(override.strip()):
+        claims.append({"kind": "driverctl", "path": path, "entry": override.strip(),
+                       "text": "a driverctl override to %s (%s)" % (override.strip(), path)})
+    return claims
 
 
 def vfio_claims(state, root="/"):
@@ -333,19 +479,11 @@ def vfio_claims(state, root="/"):
     driverctl override all give the function back to vfio-pci as soon as it is released (or at the next
     boot), so a function claimed that way cannot be given back to its host driver by unbinding it.
     """
-    claims = []
-    cmdline = read_text(root, "/proc/cmdline") or ""
-    for entry in cmdline_flags(cmdline).get("vfio-pci.ids", []):
-        if _id_matches(entry, state):
-            claims.append("vfio-pci.ids=%s on the kernel command line (/proc/cmdline; put there by the boot "
-                          "configuration, e.g. /etc/default/grub)" % entry)
-    for path, entry in _modprobe_ids(root):
-        if _id_matches(entry, state):
-            claims.append("options vfio-pci ids=%s in %s" % (entry, path))
-    override = read_text(root, "%s/pci-%s" % (DRIVERCTL_DIR, state["address"]))
-    if override is not None and is_vfio_driver(override.strip()):
-        claims.append("a driverctl override to %s (%s/pci-%s)" % (override.strip(), DRIVERCTL_DIR, state["address"]))
-    return claims
+    return [claim["text"] for claim in find_claims(state, root)]
+
+
+def driverctl_path(address):
+    return "%s/pci-%s" % (DRIVERCTL_DIR, address)
 
 
 def claims_problem(state, root="/"):
@@ -355,8 +493,77 @@ def claims_problem(state, root="/"):
         return None
     return ("%s (%s:%s) is claimed for vfio-pci by %s; it would go back to vfio-pci as soon as it is released. "
             "Remove that claim first (kernel arguments: the kernel_cmdline module with state=absent, then a "
-            "reboot; modprobe.d: delete the line and rebuild the initramfs; driverctl: driverctl unset-override %s)"
+            "reboot; modprobe.d: delete the line and rebuild the initramfs; driverctl: driverctl unset-override %s), "
+            "or set remove_claims=true to have this module remove the modprobe.d and driverctl claims, bind the "
+            "host driver explicitly and return the kernel arguments to take off (cmdline_claims)"
             % (state["address"], state["vendor"], state["device"], " and ".join(claims), state["address"]))
+
+
+def _claimed_by_none(entry, states):
+    return not any(_id_matches(entry, state) for state in states)
+
+
+def strip_modprobe_ids(text, states):
+    """``text`` of a modprobe.d file without the ``ids`` entries of ``options vfio-pci`` lines that match any of
+    ``states``; the other entries and options of the line stay, and the line goes only when nothing is left on it
+    (its comment with it). A line that changes is written as one line with single spaces; the others as they were.
+    """
+    out = []
+    for line in _conf_lines(text):
+        logical = _logical(line)
+        ids = _options_ids(logical)
+        if not ids or all(_claimed_by_none(entry, states) for entry in ids):
+            out.append(line)
+            continue
+        body, hash_mark, comment = logical.partition("#")
+        words = body.split()
+        kept = []
+        for option in words[2:]:
+            if option.startswith("ids="):
+                left = [e for e in option[4:].split(",") if e and _claimed_by_none(e, states)]
+                if left:
+                    kept.append("ids=" + ",".join(left))
+                continue
+            kept.append(option)
+        if kept:
+            ending = line[len(line.rstrip("\r\n")):]
+            out.append(" ".join(words[:2] + kept) + (" #" + comment if hash_mark else "") + ending)
+    return "".join(out)
+
+
+def claim_changes(states, root="/"):
+    """What ``remove_claims`` does for the functions ``states``: ``(files, cmdline)``.
+
+    ``files`` is ``[(path, old_text, new_text or None)]``: the modprobe.d files without the ``ids`` entries that
+    match one of the functions (None: nothing but blank lines left, the file goes) and the driverctl overrides of
+    the functions to delete. ``cmdline`` is a dict per ``vfio-pci.ids`` argument of the running kernel that
+    claims one of them: ``argument`` as written on the command line, ``replace_with`` the argument with the
+    entries of other devices only, or None when none is left (take it off).
+    """
+    files = []
+    for path, text in _modprobe_files(root):
+        new = strip_modprobe_ids(text, states)
+        if new != text:
+            files.append((path, text, new if new.strip() else None))
+    for state in states:
+        path = driverctl_path(state["address"])
+        override = read_text(root, path)
+        if override is not None and is_vfio_driver(override.strip()):
+            files.append((path, override, None))
+    cmdline = []
+    for key, value in _cmdline_ids(root):
+        entries = [e for e in value.split(",") if e]
+        left = [e for e in entries if _claimed_by_none(e, states)]
+        if len(left) == len(entries):
+            continue
+        argument = {"argument": "%s=%s" % (key, value), "replace_with": "%s=%s" % (key, ",".join(left)) if left else None}
+        if argument not in cmdline:
+            cmdline.append(argument)
+    return files, cmdline
+
+
+def is_modprobe_path(path):
+    return any(path.startswith(directory + "/") for directory in MODPROBE_DIRS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,6 +656,33 @@ def _group_members(state, root):
     return group_viability(state["group"], root)["members"]
 
 
+def slot_siblings(address, root="/"):
+    """The other functions of ``address``'s PCI slot (same domain:bus:device), each a :func:`read_identity`
+    dict with ``pci`` true, sorted by address.
+
+    With the IOMMU on, the functions of a multifunction device without ACS share an IOMMU group: these are
+    the functions the group of ``address`` will at least hold. SR-IOV VFs are left out (the IOMMU groups them
+    through their PF's isolation, not by slot).
+    """
+    addr = normalize_pci_address(address)
+    prefix = addr.rsplit(".", 1)[0] + "."
+    siblings = []
+    for other in list_functions(root):
+        if other == addr or not other.startswith(prefix) or sriov_info(other, root)["physfn"] is not None:
+            continue
+        member = read_identity(other, root)
+        member["pci"] = True
+        siblings.append(member)
+    return siblings
+
+
+def _planned_members(step, root):
+    """The functions ``step``'s function shares its IOMMU group with (or, predicted, its PCI slot with)."""
+    if step.get("slot"):
+        return slot_siblings(step["address"], root)
+    return _group_members(step["state"], root)
+
+
 def _bind_problems(step, allowed, root, force_boot_vga):
     """Refusals for binding one function (it is not on its target driver yet)."""
     state = step["state"]
@@ -458,7 +692,7 @@ def _bind_problems(step, allowed, root, force_boot_vga):
         problems.append("%s is a PCI bridge (class %s); bridges are never bound to a vfio driver"
                         % (addr, state["class"]))
         return problems
-    if state["group"] is None:
+    if state["group"] is None and not step.get("slot"):
         problems.append("%s has no IOMMU group: the IOMMU is off, so %s could not give it to a VM; enable "
                         "VT-d/AMD-Vi in the firmware, and on Intel boot with intel_iommu=on (see "
                         "gpuops.sandbox.iommu_check)" % (addr, step["target"]))
@@ -466,7 +700,14 @@ def _bind_problems(step, allowed, root, force_boot_vga):
         problems.append("%s is the boot VGA device (the console the firmware set up); set force_boot_vga=true "
                         "to bind it anyway" % addr)
     label = driver_label(state["driver"])
-    if label not in allowed:
+    if label not in allowed and step.get("slot_of"):
+        problems.append("%s (%s:%s, class %s) is in the PCI slot of %s, so it will most likely share its IOMMU "
+                        "group once the IOMMU is on and go to %s with it, but it is bound to %s, which is not in "
+                        "allowed_drivers or allowed_group_drivers (%s); add %s to allowed_group_drivers to give the "
+                        "function to %s with %s, or unbind or disable the function (e.g. in the firmware setup)"
+                        % (addr, state["vendor"], state["device"], state["class"], step["slot_of"], step["target"],
+                           label, ", ".join(allowed), label, step["target"], step["slot_of"]))
+    elif label not in allowed:
         option = "allowed_drivers" if step["role"] == "selected" else "allowed_drivers or allowed_group_drivers"
         problems.append("%s is bound to %s, which is not in %s (%s); add %s to %s to bind it anyway"
                         % (addr, label, option, ", ".join(allowed), label, option))
@@ -490,25 +731,35 @@ def _ordered(steps):
 
 
 def plan_bind(addresses, root="/", driver="auto", include_group=False, allowed_drivers=DEFAULT_ALLOWED_DRIVERS,
-              allowed_group_drivers=DEFAULT_ALLOWED_GROUP_DRIVERS, force_boot_vga=False, release=None):
+              allowed_group_drivers=DEFAULT_ALLOWED_GROUP_DRIVERS, force_boot_vga=False, release=None,
+              assume_slot_groups=False):
     """Decide how to bind ``addresses`` (already selected and normalised) to their vfio driver.
 
     Returns ``{"steps": [...], "devices": [...]}``: a step per function that must change, a device entry
     per function considered (selected ones, plus group members with ``include_group``). Raises
     VfioError listing every reason to refuse; nothing is written here.
+
+    ``assume_slot_groups`` is for predictions only (check mode): while the IOMMU is off (the host has no
+    IOMMU group at all), a selected function that is not an SR-IOV VF is planned as if its group were the
+    functions of its PCI slot (:func:`slot_siblings`), the group the IOMMU gives a multifunction device
+    without ACS, instead of being refused for having no group. Functions behind a bridge without ACS may
+    join that group too, which cannot be known before the IOMMU is on. With the IOMMU on it changes nothing.
     """
     aliases = parse_vfio_aliases(read_modules_alias(root, release)) if driver == "auto" else None
+    predict = bool(assume_slot_groups) and not iommu_groups(root)
     entries = {}
     for address in addresses:
         state = device_state(address, root)
         entries[state["address"]] = _step(state, target_driver(state["address"], driver, root, release, aliases),
                                           "selected", "bind")
+        if predict and state["group"] is None and not state["is_vf"] and not state["is_bridge"]:
+            entries[state["address"]]["slot"] = True
     problems = []
     if include_group:
         for address in sorted(entries):
             if entries[address]["role"] != "selected":
                 continue
-            for member in _group_members(entries[address]["state"], root):
+            for member in _planned_members(entries[address], root):
                 if member["address"] in entries or member["is_bridge"]:
                     continue
                 if not member["pci"]:
@@ -526,6 +777,8 @@ def plan_bind(addresses, root="/", driver="auto", include_group=False, allowed_d
                 target = state["driver"] if is_vfio_driver(state["driver"]) else \
                     target_driver(state["address"], driver, root, release, aliases)
                 entries[state["address"]] = _step(state, target, "group", "bind")
+                if entries[address].get("slot"):
+                    entries[state["address"]].update(slot=True, slot_of=address)
     base_allowed = list(allowed_drivers)
     for step in _ordered(entries.values()):
         if step["before"] == step["target"]:
@@ -539,6 +792,20 @@ def plan_bind(addresses, root="/", driver="auto", include_group=False, allowed_d
         seen = set()
         for step in _ordered(entries.values()):
             group = step["state"]["group"]
+            if step.get("slot"):
+                slot = step["address"].rsplit(".", 1)[0]
+                if slot in seen:
+                    continue
+                seen.add(slot)
+                blockers = [m for m in slot_siblings(step["address"], root)
+                            if m["address"] not in entries and not m["is_bridge"] and not driver_allows_vfio(m["driver"])]
+                if blockers:
+                    listed = ", ".join("%s is bound to %s" % (b["address"], b["driver"]) for b in blockers)
+                    problems.append("the PCI slot of %s, whose functions will most likely share its IOMMU group "
+                                    "once the IOMMU is on, would not be viable for passthrough: %s; set "
+                                    "include_group=true to bind the other functions of the slot too"
+                                    % (step["address"], listed))
+                continue
             if group is None or group in seen or step["state"]["is_bridge"]:
                 continue
             seen.add(group)
@@ -554,13 +821,30 @@ def plan_bind(addresses, root="/", driver="auto", include_group=False, allowed_d
     return {"steps": [s for s in ordered if s["action"] != "none"], "devices": ordered}
 
 
-def plan_unbind(addresses, root="/", include_group=False):
+def _no_host_driver(modules, loaded):
+    if not modules:
+        return "the modules.alias of the running kernel names no host driver for it"
+    if not loaded:
+        return "none of its host drivers (%s, from modules.alias) is loaded" % ", ".join(modules)
+    return "more than one host driver for it is loaded (%s), so which one it had is not known" % ", ".join(loaded)
+
+
+def plan_unbind(addresses, root="/", include_group=False, remove_claims=False, release=None):
     """Decide how to give ``addresses`` back to their host drivers (``state=absent``).
 
     A function needs work when it is on a vfio driver, still carries a vfio ``driver_override``, or
     has a record or a udev rule of this module. With ``include_group`` the other functions of its
     IOMMU group that are on a vfio driver are restored too. Raises VfioError listing holders of the
     VFIO device nodes; nothing is written here.
+
+    A function goes back to the driver its record names. Without a record, when it has to be bound again, the
+    one loaded host driver that modules.alias gives for its ``modalias`` (:func:`host_driver`) is bound
+    explicitly; only when there is none (or more than one) is the kernel left to probe one (``probe``).
+
+    A function the host claims for vfio-pci outside this module (:func:`find_claims`) is refused, unless
+    ``remove_claims``: then the plan also holds ``claim_files`` and ``cmdline_claims`` (:func:`claim_changes`)
+    for every function considered, and only a function claimed on the kernel command line that would be left to
+    the kernel's probe is refused (the probe would give it straight back to vfio-pci).
     """
     entries = {}
     for address in addresses:
@@ -577,9 +861,14 @@ def plan_unbind(addresses, root="/", include_group=False):
                     state = device_state(member["address"], root)
                     entries[state["address"]] = _step(state, None, "group", "restore")
     problems = []
+    claimed = []
+    aliases = None
     for step in _ordered(entries.values()):
         state = step["state"]
         addr = state["address"]
+        claims = find_claims(state, root)
+        if remove_claims and claims:
+            claimed.append(state)
         record = read_record(addr, root)
         on_vfio = is_vfio_driver(state["driver"])
         override_set = state["override"] is not None and is_vfio_driver(state["override"])
@@ -587,20 +876,39 @@ def plan_unbind(addresses, root="/", include_group=False):
         if not (on_vfio or override_set or (record and state["driver"] != restore_to)):
             step["action"] = "none"
             continue
-        step["restore_to"] = restore_to
         step["restore_override"] = record["driver_override"] if record else None
         step["probe"] = record is None
+        if record is None and (on_vfio or state["driver"] is None):
+            if aliases is None:
+                aliases = read_pci_aliases(root, release)
+            restore_to, modules, loaded = host_driver(addr, root, release, aliases)
+            step["probe"] = restore_to is None
+            step["no_host_driver"] = None if restore_to else _no_host_driver(modules, loaded)
+        step["restore_to"] = restore_to
         if on_vfio:
             busy = holders_problem(state, root)
             if busy:
                 problems.append(busy)
-        claimed = claims_problem(state, root)
-        if claimed:
-            problems.append(claimed)
+        if not claims:
+            continue
+        if not remove_claims:
+            problems.append(claims_problem(state, root))
+            continue
+        on_cmdline = [c["entry"] for c in claims if c["kind"] == "cmdline"]
+        if on_cmdline and step["probe"] and step.get("no_host_driver"):
+            problems.append("%s (%s:%s) is claimed for vfio-pci by vfio-pci.ids=%s on the kernel command line, which "
+                            "this module cannot take off at once, and has no record of its original driver: %s, and "
+                            "the kernel's probe would give it straight back to vfio-pci. Load its host driver first "
+                            "(modprobe), or take vfio-pci.ids off the kernel command line (the kernel_cmdline module "
+                            "with state=absent) and reboot" % (addr, state["vendor"], state["device"],
+                                                               ",".join(on_cmdline), step["no_host_driver"]))
     if problems:
         raise VfioError("refusing to change anything: " + "; ".join(problems))
     ordered = _ordered(entries.values())
-    return {"steps": [s for s in ordered if s["action"] != "none"], "devices": ordered}
+    plan = {"steps": [s for s in ordered if s["action"] != "none"], "devices": ordered}
+    if remove_claims:
+        plan["claim_files"], plan["cmdline_claims"] = claim_changes(claimed, root)
+    return plan
 
 
 def drivers_to_load(plan, root="/"):

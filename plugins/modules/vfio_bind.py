@@ -23,23 +23,29 @@ description:
   - Everything is checked before anything is written, and the module refuses (naming each function and
     the reason) when a function is the boot VGA device, is bound to a driver not in O(allowed_drivers), is
     an SR-IOV physical function with VFs enabled, offers NVIDIA vendor-specific vGPU types, has no IOMMU
-    group, is held open by a process (C(/dev/nvidiaN) for the nvidia driver, C(/dev/vfio/<group>) and the
-    VFIO device nodes for vfio drivers, C(/dev/dri) nodes for DRM drivers), or would leave its IOMMU group
-    unviable (another endpoint of the group on a host driver) without O(include_group). No process is
-    ever stopped or killed.
+    group (see O(assume_slot_groups) for a prediction before the IOMMU is on), is held open by a process
+    (C(/dev/nvidiaN) for the nvidia driver, C(/dev/vfio/<group>) and the VFIO device nodes for vfio drivers,
+    C(/dev/dri) nodes for DRM drivers), or would leave its IOMMU group unviable (another endpoint of the group
+    on a host driver) without O(include_group). No process is ever stopped or killed.
   - When a function fails, every function already changed in this run is put back on its previous driver,
     in reverse order, carrying on past errors; the failure message gives both the failure and the result
     of the rollback.
   - The driver each function had is recorded in C(/var/lib/gpuops/vfio_bind/<address>.json), so
     O(state=absent) can give it back to that driver. Without a record (the function was bound by someone
-    else), O(state=absent) clears C(driver_override) and lets the kernel probe a driver
-    (C(/sys/bus/pci/drivers_probe)).
+    else), O(state=absent) clears C(driver_override) and binds the function's host driver explicitly. That
+    driver is found by matching the function's C(modalias) against the C(alias pci:) lines of
+    C(/lib/modules/<release>/modules.alias) (and C(modules.builtin.alias)), leaving out the vfio modules and
+    C(pci-stub), and mapping each module to the PCI driver it registers through
+    C(/sys/bus/pci/drivers/<driver>/module) (module C(xhci_pci) registers driver C(xhci_hcd)). Only when
+    exactly one such driver is loaded is it bound; otherwise the kernel is left to probe a driver
+    (C(/sys/bus/pci/drivers_probe)). Either way the C(driver) link is read back.
   - With O(state=absent), restores the selected functions (and with O(include_group) the other functions
     of their groups that are on a vfio driver) and removes this module's records and udev rules for them.
   - With O(state=absent), a function the host claims for vfio-pci outside this module is refused before
     anything changes, naming the claim, because it would go back to vfio-pci as soon as it is released.
     The claims are C(vfio-pci.ids=) on the running kernel's command line, C(options vfio-pci ids=) in a
-    modprobe.d directory, and a driverctl override (C(/etc/driverctl.d/pci-<address>)).
+    modprobe.d directory, and a driverctl override (C(/etc/driverctl.d/pci-<address>)). O(remove_claims)
+    removes them instead.
   - Processes holding a device node are named by PID and full command line.
 author:
   - gpuops.sandbox contributors (@gpuops)
@@ -69,6 +75,22 @@ options:
       - When false, a group in which another endpoint is on a host driver is refused, naming it.
     type: bool
     default: false
+  assume_slot_groups:
+    description:
+      - Predict, in check mode, the binding of a host whose IOMMU is not on yet (no IOMMU group at all), so a
+        preparation can be refused before it changes the boot settings and reboots to turn the IOMMU on.
+      - A selected function without an IOMMU group (not an SR-IOV VF) is then planned as if its group were the
+        functions of its own PCI slot (the same domain, bus and device, other function numbers), which is what the
+        IOMMU gives the functions of a multifunction device without ACS, instead of being refused for having no
+        group. With O(include_group) those functions are planned like group members (O(allowed_group_drivers)
+        applies), and one on a driver not allowed is refused, naming it and its driver. Without O(include_group)
+        one on a host driver is refused as an unviable group would be.
+      - The prediction is a lower bound. Functions behind a PCI bridge without ACS join the group too once the
+        IOMMU is on, which cannot be known before; the binding made after the reboot checks the real group again.
+      - Has no effect when the host has IOMMU groups. Usable only in check mode and with O(state=present); the
+        module refuses it otherwise, changing nothing.
+    type: bool
+    default: false
   allowed_drivers:
     description:
       - Drivers a selected function may be taken from; V(none) stands for a function without a driver.
@@ -94,6 +116,28 @@ options:
         that gives it to the vfio driver again at every boot. Written only after the live change succeeded.
       - With V(false), existing rules are left as they are. O(state=absent) always removes the rules of the
         functions it restores.
+    type: bool
+    default: false
+  remove_claims:
+    description:
+      - With O(state=absent), remove the claims the host makes for vfio-pci on the functions considered (the
+        selected ones, and with O(include_group) the other functions of their groups that are restored) instead
+        of refusing them.
+      - The matching entries are taken out of the C(ids=) of C(options vfio-pci) lines in the modprobe.d
+        directories; the other entries and the other options of the line stay, and the line goes only when
+        nothing is left on it (a file left with nothing but blank lines goes too). The driverctl override of each
+        function (C(/etc/driverctl.d/pci-<address>)) is deleted. These files are changed after the functions were
+        given back, like the records and rules, and put back with them when anything fails. RV(files_changed)
+        lists them and RV(initramfs_rebuild_required) says the initramfs, which carries a copy of modprobe.d,
+        must be rebuilt.
+      - The kernel command line cannot be changed here. Each C(vfio-pci.ids=) argument of the running kernel that
+        claims one of the functions is returned in RV(cmdline_claims), for M(gpuops.sandbox.kernel_cmdline) to
+        take off (and a reboot). A function so claimed is given back only to a host driver bound explicitly (its
+        record, or the one loaded driver modules.alias gives); when there is none the function is refused, as the
+        kernel's probe would give it straight back to vfio-pci.
+      - An entry is removed whole, so every function it matches (say every GPU of one model) is no longer claimed
+        at the next boot, including functions that are not selected.
+      - Ignored with O(state=present).
     type: bool
     default: false
   timeout:
@@ -127,7 +171,8 @@ attributes:
   diff_mode:
     support: full
     details:
-      - Shows the driver of each function before and after, and the content of each record and udev rule file.
+      - Shows the driver of each function before and after, and the content of each record and udev rule file
+        (and, with O(remove_claims), of each modprobe.d file and driverctl override).
 seealso:
   - module: gpuops.sandbox.gpu_facts
   - module: gpuops.sandbox.iommu_check
@@ -153,6 +198,12 @@ EXAMPLES = r"""
   check_mode: true
   diff: true
 
+- name: Before the IOMMU is turned on, check that the GPUs can go to vfio-pci with the functions of their slots
+  gpuops.sandbox.vfio_bind:
+    include_group: true
+    assume_slot_groups: true
+  check_mode: true
+
 - name: Bind the boot GPU of a headless host, which is on nouveau
   gpuops.sandbox.vfio_bind:
     addresses:
@@ -164,6 +215,24 @@ EXAMPLES = r"""
   gpuops.sandbox.vfio_bind:
     state: absent
     include_group: true
+
+- name: Give back GPUs claimed for vfio-pci by hand (modprobe.d, driverctl, vfio-pci.ids), removing the claims
+  gpuops.sandbox.vfio_bind:
+    state: absent
+    include_group: true
+    remove_claims: true
+  register: released
+
+- name: Take the vfio-pci.ids arguments off the kernel command line (or keep only the other devices' entries)
+  gpuops.sandbox.kernel_cmdline:
+    arguments: ["{{ item.replace_with or item.argument }}"]
+    state: "{{ 'present' if item.replace_with else 'absent' }}"
+  loop: "{{ released.cmdline_claims }}"
+
+- name: Rebuild the initramfs, which carries a copy of modprobe.d (Debian and Ubuntu)
+  ansible.builtin.command: update-initramfs -u -k all
+  when: released.initramfs_rebuild_required
+  changed_when: true
 """
 
 RETURN = r"""
@@ -244,7 +313,8 @@ record_files:
   elements: str
   sample: ["/var/lib/gpuops/vfio_bind/0000:65:00.0.json"]
 files_changed:
-  description: Record and rule files written or removed (or that would be, in check mode).
+  description: Record and rule files written or removed, and with O(remove_claims) the modprobe.d files edited or
+    removed and the driverctl overrides removed (or that would be, in check mode).
   returned: always
   type: list
   elements: str
@@ -256,7 +326,28 @@ loaded_modules:
   elements: str
   sample: ["vfio_pci"]
 reboot_required:
-  description: Always false; the change is live and the udev rules act at the next boot by themselves.
+  description: Always false; the change is live and the udev rules act at the next boot by themselves. With
+    O(remove_claims), see RV(cmdline_claims) and RV(initramfs_rebuild_required) for what the next boot needs.
+  returned: always
+  type: bool
+  sample: false
+cmdline_claims:
+  description:
+    - With O(remove_claims) and O(state=absent), the C(vfio-pci.ids=) arguments of the running kernel's command line
+      that claim one of the functions considered (also in check mode), for M(gpuops.sandbox.kernel_cmdline) to take
+      off; they stay in effect until the host boots without them. Empty otherwise.
+    - C(argument) is the argument as written on the command line; C(replace_with) the same argument with only the
+      entries of other devices, to set instead (state=present), or null when none is left (take C(argument) off,
+      state=absent).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - argument: "vfio-pci.ids=10de:2236,10de:1aef,8086:1234"
+      replace_with: "vfio-pci.ids=8086:1234"
+initramfs_rebuild_required:
+  description: Whether a modprobe.d file changed (or would, in check mode), so the initramfs, which carries a copy of
+    modprobe.d, must be rebuilt before the next boot.
   returned: always
   type: bool
   sample: false
@@ -305,7 +396,9 @@ def build_module():
             allowed_group_drivers=dict(type="list", elements="str",
                                        default=list(_vfio.DEFAULT_ALLOWED_GROUP_DRIVERS)),
             force_boot_vga=dict(type="bool", default=False),
+            assume_slot_groups=dict(type="bool", default=False),
             persistent=dict(type="bool", default=False),
+            remove_claims=dict(type="bool", default=False),
             timeout=dict(type="int", default=10),
         ),
         mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
@@ -324,6 +417,18 @@ def check_params(params):
     _vfio.check_driver_names(params["allowed_group_drivers"], "allowed_group_drivers")
 
 
+def check_prediction(params, check_mode):
+    """Refuse ``assume_slot_groups`` outside check mode or with state=absent (a prediction never binds)."""
+    if not params["assume_slot_groups"]:
+        return
+    if not check_mode:
+        raise _vfio.VfioError("assume_slot_groups=true only predicts the binding of a host whose IOMMU is not on "
+                              "yet; use it in check mode (check_mode: true), and bind without it once the IOMMU "
+                              "is on; nothing was changed")
+    if params["state"] != "present":
+        raise _vfio.VfioError("assume_slot_groups=true applies to state=present only; nothing was changed")
+
+
 def select(params, root):
     if params["addresses"] is not None and not params["addresses"]:
         raise _vfio.VfioError("addresses must list at least one PCI address (omit it to select by vendors and classes)")
@@ -338,7 +443,8 @@ def select(params, root):
 
 
 def plan_files(plan, params, root):
-    """Return ``[(path, old_text, new_text)]`` for the record and rule files to write (new) or remove (None)."""
+    """Return ``[(path, old_text, new_text)]`` for the record and rule files to write (new) or remove (None), then
+    (with ``remove_claims``) the modprobe.d files to edit and the driverctl overrides to remove."""
     changes = []
     for entry in plan["devices"]:
         addr = entry["address"]
@@ -357,6 +463,7 @@ def plan_files(plan, params, root):
             new_rule = _vfio.udev_rule_text(entry["state"], entry["target"])
             if new_rule != old_rule:
                 changes.append((rule, old_rule, new_rule))
+    changes.extend(plan.get("claim_files", []))
     return changes
 
 
@@ -469,14 +576,17 @@ def run(module, root="/", release=None):
     """
     params = module.params
     check_params(params)
+    check_prediction(params, module.check_mode)
     selected = select(params, root)
     if params["state"] == "present":
         plan = _vfio.plan_bind(selected, root=root, driver=params["driver"], include_group=params["include_group"],
                                allowed_drivers=params["allowed_drivers"],
                                allowed_group_drivers=params["allowed_group_drivers"],
-                               force_boot_vga=params["force_boot_vga"], release=release)
+                               force_boot_vga=params["force_boot_vga"], release=release,
+                               assume_slot_groups=params["assume_slot_groups"])
     else:
-        plan = _vfio.plan_unbind(selected, root=root, include_group=params["include_group"])
+        plan = _vfio.plan_unbind(selected, root=root, include_group=params["include_group"],
+                                 remove_claims=params["remove_claims"], release=release)
     changes = plan_files(plan, params, root)
     to_load = _vfio.drivers_to_load(plan, root)
     result = {
@@ -486,6 +596,8 @@ def run(module, root="/", release=None):
         "files_changed": [path for path, _old, _new in changes],
         "loaded_modules": [],
         "reboot_required": False,
+        "cmdline_claims": plan.get("cmdline_claims", []),
+        "initramfs_rebuild_required": any(_vfio.is_modprobe_path(path) for path, _old, _new in changes),
     }
     if module._diff:
         result["diff"] = [{"before_header": "drivers", "after_header": "drivers",

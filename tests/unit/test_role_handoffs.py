@@ -1,4 +1,5 @@
-"""What one role works out, the next reads the same way: who binds the GPUs and who creates the vGPU devices.
+"""What one role works out, the next reads the same way: who binds the GPUs and who creates the vGPU devices, and the
+CPU vendor.
 
 The roles' defaults are templated as Ansible templates them, for every combination of the inputs and of which
 roles ran before (prepare_hosts.yml: preflight, host_prepare, host_verify; verify_hosts.yml: preflight,
@@ -10,6 +11,7 @@ import os
 
 import pytest
 import yaml
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
@@ -53,3 +55,31 @@ def test_verification_expects_what_preparation_did(binding, kubeconfig, kind):
     other = "host" if prepared == "operator" else "operator"
     verify["host_prepare_" + kind] = other
     assert resolve(verify, "host_verify_" + kind) == other
+
+
+def argument_spec(role):
+    with open(os.path.join(TOP, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+
+
+def recorded_cpu_vendor(platform_vendor):
+    """What preflight's "Record the CPU vendor" task sets from gpu_facts' platform_vendor."""
+    with open(os.path.join(TOP, "roles", "preflight", "tasks", "main.yml"), encoding="utf-8") as handle:
+        task = next(t for t in yaml.safe_load(handle) if t.get("name") == "Record the CPU vendor")
+    value = trust_as_template(task["ansible.builtin.set_fact"]["preflight_cpu_vendor"])
+    return Templar(loader=DataLoader(), variables={"gpuops_iommu": {"platform_vendor": platform_vendor}}).template(value)
+
+
+@pytest.mark.parametrize("platform_vendor, recorded", [("intel", "intel"), ("amd", "amd"), (None, "unknown")])
+@pytest.mark.parametrize("role", ["host_prepare", "host_verify"])
+def test_the_cpu_vendor_preflight_records_passes_the_argument_specs(platform_vendor, recorded, role):
+    """A container node whose firmware and CPU name neither Intel nor AMD (e.g. Arm): platform_vendor is null.
+    default('intel') does not replace a null, so host_prepare's argument spec (intel, amd) used to fail there."""
+    spec = {role + "_cpu_vendor": argument_spec(role)[role + "_cpu_vendor"]}
+    for exported in (recorded_cpu_vendor(platform_vendor), platform_vendor):  # null: a play that set it so itself
+        value = resolve(dict(defaults(role), preflight_cpu_vendor=exported), role + "_cpu_vendor")
+        assert value == recorded
+        result = ArgumentSpecValidator(spec).validate({role + "_cpu_vendor": value})
+        assert result.error_messages == []
+    # Without preflight (the role alone), the documented default.
+    assert resolve(defaults(role), role + "_cpu_vendor") == "intel" == spec[role + "_cpu_vendor"]["default"]

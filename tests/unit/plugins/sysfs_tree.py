@@ -440,6 +440,15 @@ def add_modules_alias(tree, release, text=VFIO_ALIASES_TEXT):
     tree.write("/lib/modules/%s/modules.alias" % release, text)
 
 
+def add_driver_module(tree, driver, module=None):
+    """Give ``/sys/bus/pci/drivers/<driver>`` its ``module`` link to ``/sys/module/<module>``, as the kernel does for
+    a loaded module (or a built-in driver); ``module`` defaults to the driver's name with ``-`` as ``_``."""
+    module = module or driver.replace("-", "_")
+    tree.mkdir("/sys/module/%s/drivers" % module)
+    tree.add_driver(driver)
+    tree.link("/sys/bus/pci/drivers/%s/module" % driver, "/sys/module/" + module)
+
+
 def add_nvidia_nodes(tree, minors):
     """Add ``/dev/nvidiaN`` and ``/proc/driver/nvidia/gpus/<BDF>/information`` for ``{address: minor}``."""
     for address, minor in minors.items():
@@ -479,6 +488,40 @@ def build_vfio_gpu_host(root, release, holders=False):
     if not holders:
         for pid in (1234, 2345, 3456):
             remove_process(tree, pid)
+    return tree
+
+
+# Addresses of the slot host (build_vfio_slot_host).
+SLOT_PORT = "0000:00:01.0"
+SLOT_GPU = "0000:01:00.0"
+SLOT_AUDIO = "0000:01:00.1"
+SLOT_USB = "0000:01:00.2"
+SLOT_NIC = "0000:02:00.0"
+
+
+def build_vfio_slot_host(root, release):
+    """A pristine Intel host, booted with the IOMMU off (no groups): a GPU whose slot also holds its HDMI audio
+    (snd_hda_intel) and a USB controller on uhci_hcd, and a NIC in another slot; vfio binding files as in
+    :func:`build_vfio_gpu_host` (nothing holds the GPU)."""
+    tree = SysfsTree(root)
+    tree.add_function(SLOT_PORT, "8086", "347a", "060400", driver="pcieport")
+    tree.add_function(SLOT_GPU, "10de", "2236", "030200", parent=SLOT_PORT, driver="nvidia", subsystem_device="1482")
+    tree.add_function(SLOT_AUDIO, "10de", "1aef", "040300", parent=SLOT_PORT, driver="snd_hda_intel",
+                      subsystem_device="1482")
+    tree.add_function(SLOT_USB, "8086", "2934", "0c0300", parent=SLOT_PORT, driver="uhci_hcd")
+    tree.add_function("0000:00:1c.0", "8086", "a190", "060400", driver="pcieport")
+    tree.add_function(SLOT_NIC, "8086", "10d3", "020000", parent="0000:00:1c.0", driver="e1000e")
+    tree.add_driver("vfio-pci")
+    tree.mkdir("/sys/kernel/iommu_groups")
+    tree.set_iommu(table="DMAR", units=(), iommufd=False)
+    tree.set_cmdline("BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=/dev/sda1 ro")
+    tree.set_cpuinfo(CPUINFO_INTEL)
+    tree.add_process(1, "systemd", {0: "/dev/null"})
+    add_modaliases(tree)
+    add_modules_alias(tree, release)
+    add_nvidia_nodes(tree, {SLOT_GPU: 0})
+    tree.mkdir("/dev/vfio")
+    tree.write("/dev/vfio/vfio", "")
     return tree
 
 

@@ -185,6 +185,24 @@ def test_no_iommu_arguments_of_a_vm_node(cmdline, ok):
     assert "no IOMMU arguments of a VM node" not in run(DRA, iommu=iommu(cmdline))
 
 
+@pytest.mark.parametrize("cmdline, ok", [
+    (PLAIN_CMDLINE, True), (PLAIN_CMDLINE + " iommu=pt", False), (PLAIN_CMDLINE + " iommu.passthrough=1", True),
+])
+def test_a_host_of_unknown_cpu_vendor_has_no_vendor_argument(cmdline, ok):
+    """preflight's unknown (neither Intel nor AMD, e.g. an Arm container node): only iommu=pt is looked for."""
+    checks = run(CONTAINER, iommu=iommu(cmdline), cpu_vendor="unknown")
+    assert checks["no IOMMU arguments of a VM node"] == {
+        "check": "no IOMMU arguments of a VM node", "ok": ok, "detail": "/proc/cmdline should not have iommu=pt: " + cmdline}
+
+
+@pytest.mark.parametrize("base", [PASSTHROUGH, VGPU, DRA], ids=["vm-passthrough", "vm-vgpu", "dra"])
+def test_a_node_needing_the_iommu_of_unknown_cpu_vendor_is_not_ready(base):
+    """The preflight role refuses such a node; one prepared anyway fails the kernel command line check."""
+    check = run(base, cpu_vendor="unknown")["kernel command line"]
+    assert check == {"check": "kernel command line", "ok": False, "detail": "the CPU vendor is neither Intel nor AMD, "
+                     "so this collection cannot turn the IOMMU on: " + VM_CMDLINE}
+
+
 # ---------------------------------------------------------------------------------------------
 # Nothing of another workload type left
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +356,57 @@ def test_a_dra_node_may_have_gpus_on_vfio_for_claims_but_not_this_collections_fi
     assert run(CONTAINER, gpus=gpus)["no vfio-pci binding left"]["ok"] is False
     left = run(DRA, gpus=gpus, host=host(vfio_rules=["/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules"]))
     assert left["no vfio-pci binding left"]["ok"] is False
+
+
+def dra_result(*blockers, **extra):
+    return dict({"changed": False, "ok": not blockers, "blockers": list(blockers), "tolerated": [],
+                 "stopped": [], "warnings_list": []}, **extra)
+
+
+PERSISTENCED = {"kind": "nvidia-persistenced", "pid": 1234, "unit": "nvidia-persistenced.service",
+                "paths": ["/dev/nvidia0", "/dev/nvidiactl"], "remedy": "stop it", "stoppable": True}
+EXPORTER = {"kind": "dcgm-exporter", "pid": 3456, "unit": None, "paths": ["/run/nvidia/driver/dev/nvidia0"],
+            "remedy": "label", "stoppable": False}
+
+
+def dra_checks(result):
+    return [c for c in host_checks([gpu()], iommu(), host(), "dra", dra_blockers=result)
+            if c["check"] == "nothing holds the GPUs' device nodes"]
+
+
+def test_a_dra_node_with_nothing_holding_its_gpus_passes():
+    assert dra_checks(dra_result()) == [{"check": "nothing holds the GPUs' device nodes", "ok": True,
+                                         "detail": "no process holds a /dev/nvidia* node that the DRA driver needs free"}]
+
+
+def test_a_dra_node_with_blockers_fails_naming_them():
+    [check] = dra_checks(dra_result(PERSISTENCED, EXPORTER))
+    assert check["ok"] is False
+    assert check["detail"] == ("nvidia-persistenced pid 1234 (nvidia-persistenced.service) holds /dev/nvidia0, "
+                               "/dev/nvidiactl; dcgm-exporter pid 3456 holds /run/nvidia/driver/dev/nvidia0 "
+                               "(see the dra_blockers remedies)")
+
+
+def test_a_failed_dra_blockers_run_fails_the_check():
+    [check] = dra_checks({"failed": True, "msg": "cannot scan the processes"})
+    assert check["ok"] is False and "cannot scan the processes" in check["detail"]
+
+
+@pytest.mark.parametrize("result", [None, {}, {"skipped": True, "changed": False}])
+def test_no_dra_blockers_result_adds_no_check(result):
+    assert dra_checks(result) == []
+
+
+@pytest.mark.parametrize("workload_type", ["container", "vm-passthrough", "vm-vgpu"])
+def test_the_dra_check_is_only_for_dra_nodes(workload_type):
+    checks = host_checks([gpu()], iommu(), host(), workload_type, dra_blockers=dra_result(PERSISTENCED))
+    assert "nothing holds the GPUs' device nodes" not in [c["check"] for c in checks]
+
+
+@pytest.mark.parametrize("result", [{"blockers": "pid 1"}, {"blockers": [1]}, ["not", "a", "dict"]])
+def test_a_malformed_dra_blockers_result_is_an_error(result):
+    with pytest.raises(AnsibleFilterError, match="dra_blockers"):
+        host_checks([gpu()], iommu(), host(), "dra", dra_blockers=result)
 
 
 def test_a_vfio_override_on_a_bound_function_fails_too():
@@ -499,7 +568,8 @@ def test_expected_keys_default_to_empty():
     ({"iommu": None}, "iommu (gpuops_iommu of gpu_facts) must be a dict"),
     ({"host": []}, "host (gpuops_host of gpu_facts) must be a dict"),
     ({"workload_type": "vm"}, "workload_type must be one of container, vm-passthrough, vm-vgpu, dra, got 'vm'"),
-    ({"cpu_vendor": "arm"}, "cpu_vendor must be one of intel, amd, got 'arm'"),
+    ({"cpu_vendor": "arm"}, "cpu_vendor must be one of intel, amd, unknown, got 'arm'"),
+    ({"cpu_vendor": None}, "cpu_vendor must be one of intel, amd, unknown, got None"),
     ({"stage": "before"}, "stage must be one of after-reboot, final, got 'before'"),
     ({"reboot_pending": "maybe"}, "reboot_pending must be a boolean, got 'maybe'"),
     ({"iommu_pt": None}, "iommu_pt must be a boolean, got None"),
@@ -574,7 +644,7 @@ def test_the_role_reports_the_checks_and_fails_a_stranded_host(tmp_path):
     assert rc == 0, out[-5000:]
     assert sorted(reports) == sorted(hosts), out[-5000:]
     clean = reports["clean"]
-    assert sorted(clean) == ["checks", "gpus", "host", "iommu_groups", "mdevs", "ready", "reboot_pending", "stage", "workload_type"]
+    assert sorted(clean) == ["checks", "gpus", "host", "iommu_groups", "mdevs", "ready", "reboot_pending", "stage", "vfio_probe", "workload_type"]
     assert (clean["host"], clean["workload_type"], clean["stage"], clean["ready"], clean["reboot_pending"]) == (
         "clean", "container", "final", True, False)
     assert clean["gpus"] == ["0000:65:00.0=nvidia"]

@@ -476,6 +476,18 @@ def test_find_holders(host, root):
     assert host.snapshot() == before
 
 
+def test_find_holders_patterns(host, root):
+    assert [(h["pid"], h["device"]) for h in _pci.find_holders([], root, patterns=["/dev/nvidia*"])] == [
+        (1234, "/dev/nvidia0"), (1234, "/dev/nvidiactl"), (2345, "/dev/nvidia0"), (2345, "/dev/nvidia1")]
+    # A pattern adds to the exact paths; a descriptor matching both is listed once.
+    assert [(h["pid"], h["device"]) for h in _pci.find_holders(["/dev/nvidia0", "/dev/vfio/12"], root,
+                                                               patterns=["/dev/nvidia[1-9]"])] == [
+        (1234, "/dev/nvidia0"), (2345, "/dev/nvidia0"), (2345, "/dev/nvidia1"), (3456, "/dev/vfio/12")]
+    assert _pci.find_holders([], root, patterns=["/run/nvidia/driver/dev/nvidia*"]) == []
+    with pytest.raises(_pci.SysfsError, match="device pattern 'nvidia\\*' is not valid"):
+        _pci.find_holders([], root, patterns=["nvidia*"])
+
+
 def test_find_holders_skips_processes_without_fd_dir_or_comm(host, root):
     host.write("/proc/77/comm", "zombie\n")
     host.mkdir("/proc/78/fd")

@@ -364,6 +364,35 @@ def test_plan_bind_refuses_function_without_group(tmp_path, clock):
         "gpuops.sandbox.iommu_check)")
 
 
+def test_slot_siblings_are_the_other_functions_of_the_slot_without_vfs(tmp_path):
+    tree = st.build_gpu_host(tmp_path, iommu=False)
+    assert [m["address"] for m in _vfio.slot_siblings(st.A10, tree.root)] == [st.A10_AUDIO]
+    assert [(m["driver"], m["pci"]) for m in _vfio.slot_siblings("65:00.1", tree.root)] == [("nvidia", True)]
+    # The A100's VFs (0000:b1:00.4 and .5) share its bus and device number but are not grouped by slot.
+    assert _vfio.slot_siblings(st.A100, tree.root) == []
+    assert _vfio.slot_siblings(st.BMC_VGA, tree.root) == []
+
+
+def test_plan_bind_assumes_slot_groups_only_while_the_iommu_is_off(tmp_path, clock):
+    tree = st.build_vfio_slot_host(tmp_path, RELEASE)
+    plan = _vfio.plan_bind([st.SLOT_GPU], tree.root, include_group=True, assume_slot_groups=True, release=RELEASE,
+                           allowed_group_drivers=["snd_hda_intel", "uhci_hcd"])
+    assert [(s["address"], s["role"], s["before"], s["target"]) for s in plan["steps"]] == [
+        (st.SLOT_GPU, "selected", "nvidia", "vfio-pci"), (st.SLOT_AUDIO, "group", "snd_hda_intel", "vfio-pci"),
+        (st.SLOT_USB, "group", "uhci_hcd", "vfio-pci")]
+    # A sibling without a driver goes along; one on pci-stub is left where it is, as in a real group.
+    tree.add_function("0000:01:00.3", "10de", "1ad7", "0c8000", parent=st.SLOT_PORT)
+    tree.add_function("0000:01:00.4", "10de", "1ad8", "0c8000", parent=st.SLOT_PORT, driver="pci-stub")
+    plan = _vfio.plan_bind([st.SLOT_GPU], tree.root, include_group=True, assume_slot_groups=True, release=RELEASE,
+                           allowed_group_drivers=["snd_hda_intel", "uhci_hcd"])
+    assert [s["address"] for s in plan["devices"]] == [st.SLOT_GPU, st.SLOT_AUDIO, st.SLOT_USB, "0000:01:00.3"]
+    # Once the host has IOMMU groups, a function without one is refused again, option or not.
+    tree.set_group(st.SLOT_NIC, 7)
+    with pytest.raises(_vfio.VfioError, match="0000:01:00.0 has no IOMMU group: the IOMMU is off"):
+        _vfio.plan_bind([st.SLOT_GPU], tree.root, include_group=True, assume_slot_groups=True, release=RELEASE,
+                        allowed_group_drivers=["snd_hda_intel", "uhci_hcd"])
+
+
 def test_plan_bind_refuses_bridge_and_vendor_vgpu_vf(gpu_host):
     tree, _kernel = gpu_host
     with pytest.raises(_vfio.VfioError) as info:
@@ -530,3 +559,92 @@ def test_apply_rolls_back_on_any_exception(gpu_host, monkeypatch):
     assert info.value.msg == ("binding 0000:65:00.1 to vfio-pci failed: ValueError: a bug; rolled back: "
                               "0000:65:00.1 back on snd_hda_intel; 0000:65:00.0 back on nvidia")
     assert [kernel.driver(a) for a in (st.A10, st.A10_AUDIO)] == ["nvidia", "snd_hda_intel"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The host driver of a function without a record
+# ---------------------------------------------------------------------------------------------
+
+XHCI = "0000:00:14.0"
+
+
+def test_host_modules_leave_out_vfio_and_stub():
+    aliases = _vfio.parse_pci_aliases(st.VFIO_ALIASES_TEXT + "alias pci:v*d*sv*sd*bc03sc*i* pci_stub\n"
+                                      "alias pci:v000010DEd*sv*sd*bc*sc*i* mlx5_vfio_pci\n"
+                                      "alias pci:v000010DEd*sv*sd*bc03sc*i* nouveau\n")
+    assert aliases[0] == ("v000010DEd*sv*sd*bc03sc*i*", "nvidia")
+    a10 = "pci:v000010DEd00002236sv000010DEsd00001482bc03sc02i00"
+    assert _vfio.host_modules(a10, aliases) == ["nvidia", "nouveau"]
+    assert _vfio.host_modules("", aliases) == [] and _vfio.host_modules("acpi:PNP0A08", aliases) == []
+
+
+@pytest.mark.parametrize("alias_file", ["modules.alias", "modules.builtin.alias"])
+def test_host_driver_maps_the_module_to_its_pci_driver(gpu_host, alias_file):
+    """Module xhci_pci registers driver xhci_hcd: only the driver's module link says so."""
+    tree, _kernel = gpu_host
+    tree.add_function(XHCI, "8086", "a36d", "0c0330", driver="xhci_hcd", iommu_group=2)
+    st.add_modaliases(tree)
+    tree.write("/lib/modules/%s/%s" % (RELEASE, alias_file), "alias pci:v*d*sv*sd*bc0Csc03i30* xhci_pci\n")
+    assert _vfio.host_driver(XHCI, tree.root, RELEASE) == (None, ["xhci_pci"], [])
+    st.add_driver_module(tree, "xhci_hcd", "xhci_pci")
+    st.add_driver_module(tree, "nvidia")
+    assert _vfio.host_driver(XHCI, tree.root, RELEASE) == ("xhci_hcd", ["xhci_pci"], ["xhci_hcd"])
+    assert _vfio.pci_drivers_by_module(tree.root) == {"nvidia": ["nvidia"], "xhci_pci": ["xhci_hcd"]}
+
+
+def test_host_driver_is_none_with_two_loaded_or_a_vfio_one(gpu_host):
+    tree, _kernel = gpu_host
+    st.add_driver_module(tree, "nvidia")
+    st.add_driver_module(tree, "vfio-pci")
+    assert _vfio.host_driver(st.A10, tree.root, RELEASE) == ("nvidia", ["nvidia"], ["nvidia"])
+    st.add_driver_module(tree, "nouveau")
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT + "alias pci:v000010DEd*sv*sd*bc03sc*i* nouveau\n")
+    assert _vfio.host_driver(st.A10, tree.root, RELEASE) == (None, ["nvidia", "nouveau"], ["nouveau", "nvidia"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Removing the claims made by hand (remove_claims)
+# ---------------------------------------------------------------------------------------------
+
+A10_STATE = {"vendor": "10de", "device": "2236", "subsystem_vendor": "10de", "subsystem_device": "1482",
+             "class": "030200"}
+
+
+@pytest.mark.parametrize("text, wanted", [
+    ("options vfio-pci ids=10de:2236\n", ""),
+    ("options vfio-pci ids=10de:2236 # A10\nblacklist nouveau\n", "blacklist nouveau\n"),
+    ("options vfio-pci ids=10de:2236,10de:1aef disable_vga=1\n", "options vfio-pci ids=10de:1aef disable_vga=1\n"),
+    ("options vfio_pci  disable_vga=1 ids=10de:2236\n", "options vfio_pci disable_vga=1\n"),
+    ("options vfio-pci ids=10de:2236:10de:1482 # A10 only\n", ""),
+    ("options vfio-pci ids=10de:2236:10de:1482 \\\n  disable_idle_d3=1\nsoftdep nvidia pre: vfio-pci\n",
+     "options vfio-pci disable_idle_d3=1\nsoftdep nvidia pre: vfio-pci\n"),
+    ("options vfio-pci ids=1234:11e8,10de:1aef\n", None),                 # another device: unchanged
+    ("options vfio-pci ids=10de:2236:10de:0000\n", None),                  # another subsystem
+    ("# options vfio-pci ids=10de:2236\n", None),                          # a comment
+    ("options nvidia ids=10de:2236\n", None),                              # another module
+    ("install vfio-pci /bin/true ids=10de:2236\n", None),
+])
+def test_strip_modprobe_ids(text, wanted):
+    assert _vfio.strip_modprobe_ids(text, [A10_STATE]) == (text if wanted is None else wanted)
+
+
+def test_claim_changes_lists_files_and_cmdline_arguments(gpu_host):
+    tree, _kernel = gpu_host
+    tree.set_cmdline("root=/dev/sda1 vfio_pci.ids=10de:2236,8086:1234 quiet vfio-pci.ids=10de:1aef")
+    tree.write("/etc/modprobe.d/a.conf", "options vfio-pci ids=10de:2236\n")
+    tree.write("/etc/modprobe.d/b.conf", "options vfio-pci ids=10de:2236,10de:1aef\n")
+    tree.write("/usr/lib/modprobe.d/b.conf", "options vfio-pci ids=10de:2236\n")   # hidden by /etc's b.conf
+    tree.write("/etc/driverctl.d/pci-0000:65:00.0", "vfio-pci\n")
+    tree.write("/etc/driverctl.d/pci-0000:65:00.1", "snd_hda_intel\n")   # not a claim for vfio
+    states = [_vfio.device_state(st.A10, tree.root), _vfio.device_state(st.A10_AUDIO, tree.root)]
+    files, cmdline = _vfio.claim_changes(states[:1], tree.root)
+    assert files == [("/etc/modprobe.d/a.conf", "options vfio-pci ids=10de:2236\n", None),
+                     ("/etc/modprobe.d/b.conf", "options vfio-pci ids=10de:2236,10de:1aef\n",
+                      "options vfio-pci ids=10de:1aef\n"),
+                     ("/etc/driverctl.d/pci-0000:65:00.0", "vfio-pci\n", None)]
+    assert cmdline == [{"argument": "vfio_pci.ids=10de:2236,8086:1234", "replace_with": "vfio_pci.ids=8086:1234"}]
+    _files, cmdline = _vfio.claim_changes(states, tree.root)
+    assert cmdline == [{"argument": "vfio_pci.ids=10de:2236,8086:1234", "replace_with": "vfio_pci.ids=8086:1234"},
+                       {"argument": "vfio-pci.ids=10de:1aef", "replace_with": None}]
+    assert [c["kind"] for c in _vfio.find_claims(states[0], tree.root)] == ["cmdline", "modprobe", "modprobe",
+                                                                            "driverctl"]

@@ -374,6 +374,91 @@ def test_argument_errors(monkeypatch, host, args, msg):
 
 
 # ---------------------------------------------------------------------------------------------
+# Predicting before the IOMMU is on: the functions of the GPU's slot stand in for its group
+# ---------------------------------------------------------------------------------------------
+
+SLOT_NO_GROUP = ("refusing to change anything: 0000:01:00.0 has no IOMMU group: the IOMMU is off, so vfio-pci could "
+                 "not give it to a VM; enable VT-d/AMD-Vi in the firmware, and on Intel boot with intel_iommu=on (see "
+                 "gpuops.sandbox.iommu_check)")
+SLOT_USB_REFUSED = (
+    "refusing to change anything: 0000:01:00.2 (8086:2934, class 0c0300) is in the PCI slot of 0000:01:00.0, so it "
+    "will most likely share its IOMMU group once the IOMMU is on and go to vfio-pci with it, but it is bound to "
+    "uhci_hcd, which is not in allowed_drivers or allowed_group_drivers (nvidia, nouveau, vfio-pci, none, "
+    "snd_hda_intel, xhci_hcd, nvidia-gpu, ucsi_ccg); add uhci_hcd to allowed_group_drivers to give the function to "
+    "vfio-pci with 0000:01:00.0, or unbind or disable the function (e.g. in the firmware setup)")
+
+
+@pytest.fixture
+def slot_host(tmp_path, monkeypatch):
+    return make_host(monkeypatch, st.build_vfio_slot_host(tmp_path, RELEASE))
+
+
+def run_unchanged(monkeypatch, host_pair, args, check):
+    """Run the module and check neither the tree nor the kernel saw a write (only dry-run modprobes)."""
+    tree, kernel = host_pair
+    before = tree.snapshot()
+    outcome = run(monkeypatch, host_pair, args, check=check)
+    assert tree.snapshot() == before and kernel.writes == []
+    assert [argv for argv, _env in kernel.commands if "--dry-run" not in argv] == []
+    return outcome
+
+
+def test_slot_prediction_refuses_a_sibling_on_a_driver_not_allowed(monkeypatch, slot_host):
+    """The defect: with the IOMMU off nothing was checked, and the USB function refused only after the reboot."""
+    args = {"include_group": True, "persistent": True, "assume_slot_groups": True}
+    kind, result = run_unchanged(monkeypatch, slot_host, args, check=True)
+    assert kind == "fail" and result["msg"] == SLOT_USB_REFUSED
+
+
+def test_slot_prediction_plans_the_whole_slot_with_the_driver_allowed(monkeypatch, slot_host):
+    args = {"include_group": True, "persistent": True, "assume_slot_groups": True,
+            "allowed_group_drivers": list(_vfio.DEFAULT_ALLOWED_GROUP_DRIVERS) + ["uhci_hcd"]}
+    kind, result = run_unchanged(monkeypatch, slot_host, args, check=True)
+    assert kind == "exit" and result["changed"] is True, result
+    assert [(d["address"], d["role"], d["iommu_group"], d["before"], d["after"], d["changed"])
+            for d in result["devices"]] == [
+        (st.SLOT_GPU, "selected", None, "nvidia", "vfio-pci", True),
+        (st.SLOT_AUDIO, "group", None, "snd_hda_intel", "vfio-pci", True),
+        (st.SLOT_USB, "group", None, "uhci_hcd", "vfio-pci", True)]
+    assert result["persistent_files"] == ["/etc/udev/rules.d/61-gpuops-vfio-%s.rules" % a
+                                          for a in (st.SLOT_GPU, st.SLOT_AUDIO, st.SLOT_USB)]
+
+
+def test_slot_prediction_without_include_group_names_the_unviable_slot(monkeypatch, slot_host):
+    kind, result = run_unchanged(monkeypatch, slot_host, {"assume_slot_groups": True}, check=True)
+    assert kind == "fail" and result["msg"] == (
+        "refusing to change anything: the PCI slot of 0000:01:00.0, whose functions will most likely share its IOMMU "
+        "group once the IOMMU is on, would not be viable for passthrough: 0000:01:00.1 is bound to snd_hda_intel, "
+        "0000:01:00.2 is bound to uhci_hcd; set include_group=true to bind the other functions of the slot too")
+
+
+def test_without_slot_prediction_a_function_without_group_is_refused_as_before(monkeypatch, slot_host):
+    for args in ({"include_group": True}, {"include_group": True, "assume_slot_groups": False}):
+        assert_refused(monkeypatch, slot_host, args, SLOT_NO_GROUP)
+
+
+@pytest.mark.parametrize("args, check, msg", [
+    ({"include_group": True, "assume_slot_groups": True}, False,
+     "assume_slot_groups=true only predicts the binding of a host whose IOMMU is not on yet; use it in check mode "
+     "(check_mode: true), and bind without it once the IOMMU is on; nothing was changed"),
+    ({"include_group": True, "assume_slot_groups": True, "state": "absent"}, True,
+     "assume_slot_groups=true applies to state=present only; nothing was changed"),
+])
+def test_slot_prediction_is_refused_outside_check_mode(monkeypatch, slot_host, args, check, msg):
+    kind, result = run_unchanged(monkeypatch, slot_host, args, check=check)
+    assert kind == "fail" and result["msg"] == msg
+    assert slot_host[1].commands == []
+
+
+def test_slot_prediction_changes_nothing_once_the_iommu_is_on(monkeypatch, host):
+    """With IOMMU groups the real group decides: the A10's audio is planned, nothing of its slot is guessed."""
+    args = {"addresses": [st.A10], "include_group": True}
+    _kind, plain = run(monkeypatch, host, args, check=True)
+    kind, predicted = run(monkeypatch, host, dict(args, assume_slot_groups=True), check=True)
+    assert kind == "exit" and predicted == plain
+
+
+# ---------------------------------------------------------------------------------------------
 # Failures while changing (RELIABILITY cases 15, 16, 18, 19)
 # ---------------------------------------------------------------------------------------------
 
@@ -531,7 +616,7 @@ _value = hs.one_of(hs.none(), hs.booleans(), hs.integers(-5, 50), _text, hs.list
                    hs.sampled_from(st.HOSTILE_VALUES), hs.lists(hs.sampled_from(st.HOSTILE_VALUES), max_size=2))
 _args = hs.dictionaries(hs.sampled_from(["state", "addresses", "vendors", "classes", "driver", "include_group",
                                          "allowed_drivers", "allowed_group_drivers", "force_boot_vga", "persistent",
-                                         "timeout", "bogus"]), _value, max_size=6)
+                                         "timeout", "assume_slot_groups", "bogus"]), _value, max_size=6)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -596,3 +681,216 @@ def test_absent_ignores_claims_of_other_devices(monkeypatch, lab, text):
     kind, result = run(monkeypatch, lab, dict(grouped, state="absent"))
     assert kind == "exit" and result["changed"], result
     assert drivers(kernel, LAB_EDU_GROUPED, LAB_HDA) == [None, "snd_hda_intel"]
+
+
+# --- without a record: the one loaded host driver bound explicitly, not left to drivers_probe ---------------
+
+def on_vfio_by_hand(kernel, *addresses):
+    """Put ``addresses`` on vfio-pci as a hand-made setup does: no record, no driver_override."""
+    for address in addresses:
+        kernel.do_unbind(address, kernel.driver(address), "x", "x")
+        kernel.do_bind(address, "vfio-pci", "x", "x")
+    kernel.writes.clear()
+
+
+def probes(kernel):
+    return [value for path, value in kernel.writes if path == "/sys/bus/pci/drivers_probe"]
+
+
+def test_without_record_the_one_loaded_host_driver_is_bound_explicitly(monkeypatch, host):
+    tree, kernel = host
+    st.add_driver_module(tree, "nvidia")
+    on_vfio_by_hand(kernel, st.A10)
+    args = {"addresses": [st.A10], "state": "absent"}
+    kind, result = run(monkeypatch, host, args, check=True)
+    assert kind == "exit" and result["devices"][0]["after"] == "nvidia" and result["cmdline_claims"] == []
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "exit" and result["changed"] is True, result
+    assert kernel.writes[-1] == ("/sys/bus/pci/drivers/nvidia/bind", st.A10) and probes(kernel) == []
+    assert kernel.driver(st.A10) == "nvidia"
+
+
+def test_without_record_two_loaded_host_drivers_leave_it_to_the_probe(monkeypatch, host):
+    tree, kernel = host
+    st.add_driver_module(tree, "nvidia")
+    st.add_driver_module(tree, "nouveau")
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT + "alias pci:v000010DEd*sv*sd*bc03sc*i* nouveau\n")
+    on_vfio_by_hand(kernel, st.A10)
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "state": "absent"}, check=True)
+    assert kind == "exit" and result["devices"][0]["after"] is None
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "state": "absent"})
+    assert kind == "exit" and probes(kernel) == [st.A10] and kernel.driver(st.A10) == "nvidia"
+
+
+# --- remove_claims: the host driver bound explicitly, the claims of modprobe.d and driverctl removed ---------
+
+A10_CMDLINE = "BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=/dev/sda1 ro intel_iommu=on iommu=pt vfio-pci.ids=10de:2236,10de:1aef"
+MODPROBE = "/etc/modprobe.d/vfio.conf"
+A10_DRIVERCTL = "/etc/driverctl.d/pci-0000:65:00.0"
+AUDIO_ALIAS = "alias pci:v*d*sv*sd*bc04sc03i* snd_hda_intel\n"
+
+
+def test_remove_claims_binds_nvidia_explicitly_and_returns_the_cmdline_claim(monkeypatch, host):
+    """No record, vfio-pci.ids on the command line: drivers_probe would give the A10 straight back to vfio-pci."""
+    tree, kernel = host
+    tree.set_cmdline(A10_CMDLINE)
+    st.add_driver_module(tree, "nvidia")
+    on_vfio_by_hand(kernel, st.A10, st.A10_AUDIO)
+    args = {"addresses": [st.A10], "state": "absent", "remove_claims": True}
+    before = tree.snapshot()
+    kind, result = run(monkeypatch, host, args, check=True, diff=True)
+    assert kind == "exit" and result["changed"] is True, result
+    assert tree.snapshot() == before and kernel.writes == []
+    assert [(d["address"], d["before"], d["after"]) for d in result["devices"]] == [(st.A10, "vfio-pci", "nvidia")]
+    # The audio function is not given back: its entry stays on the command line.
+    claims = [{"argument": "vfio-pci.ids=10de:2236,10de:1aef", "replace_with": "vfio-pci.ids=10de:1aef"}]
+    assert result["cmdline_claims"] == claims
+    assert result["files_changed"] == [] and result["initramfs_rebuild_required"] is False
+    assert result["reboot_required"] is False
+
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "exit" and result["changed"] is True, result
+    assert kernel.writes == [("/sys/bus/pci/drivers/vfio-pci/unbind", st.A10),
+                             ("/sys/bus/pci/devices/0000:65:00.0/driver_override", ""),
+                             ("/sys/bus/pci/drivers/nvidia/bind", st.A10)]
+    assert probes(kernel) == []
+    assert kernel.driver(st.A10) == "nvidia" and result["devices"][0]["after"] == "nvidia"
+    assert result["cmdline_claims"] == claims
+
+    # With the group, and the audio's driver known too: the whole argument goes. The A10, already back, still
+    # counts (a run whose kernel_cmdline step failed gets the argument again).
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT + AUDIO_ALIAS)
+    st.add_driver_module(tree, "snd_hda_intel")
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, host, dict(args, include_group=True))
+    assert kind == "exit" and result["changed"] is True, result
+    assert [(d["address"], d["changed"], d["after"]) for d in result["devices"]] == [
+        (st.A10, False, "nvidia"), (st.A10_AUDIO, True, "snd_hda_intel")]
+    assert result["cmdline_claims"] == [{"argument": "vfio-pci.ids=10de:2236,10de:1aef", "replace_with": None}]
+    assert kernel.writes[-1] == ("/sys/bus/pci/drivers/snd_hda_intel/bind", st.A10_AUDIO) and probes(kernel) == []
+
+
+def test_remove_claims_takes_only_the_matching_id_out_of_modprobe_d(monkeypatch, host):
+    tree, kernel = host
+    args = {"addresses": [st.A10], "include_group": True}
+    assert run(monkeypatch, host, args)[0] == "exit"
+    text = ("# passthrough\noptions vfio-pci ids=10de:2236,8086:1234 disable_vga=1  # by hand\n"
+            "softdep nvidia pre: vfio-pci\n")
+    tree.write(MODPROBE, text)
+    tree.write("/etc/modprobe.d/only-a10.conf", "options vfio_pci ids=10de:2236\n")
+    absent = dict(args, state="absent", remove_claims=True)
+    before = tree.snapshot()
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, host, absent, check=True, diff=True)
+    assert kind == "exit" and result["changed"] is True, result
+    assert tree.snapshot() == before and kernel.writes == []
+    new = ("# passthrough\noptions vfio-pci ids=8086:1234 disable_vga=1 # by hand\n"
+           "softdep nvidia pre: vfio-pci\n")
+    assert result["files_changed"] == [A10_RECORD, AUDIO_RECORD, "/etc/modprobe.d/only-a10.conf", MODPROBE]
+    diffs = {d["after_header"]: d for d in result["diff"][1:]}
+    assert diffs[MODPROBE]["before"] == text and diffs[MODPROBE]["after"] == new
+    assert diffs["/etc/modprobe.d/only-a10.conf"]["after"] == ""
+    assert result["initramfs_rebuild_required"] is True and result["cmdline_claims"] == []
+
+    kind, result = run(monkeypatch, host, absent)
+    assert kind == "exit" and result["changed"] is True, result
+    assert tree.read(MODPROBE) + "\n" == new
+    assert not os.path.exists(tree.path("/etc/modprobe.d/only-a10.conf"))
+    assert drivers(kernel, st.A10, st.A10_AUDIO) == ["nvidia", "snd_hda_intel"]
+    assert result["initramfs_rebuild_required"] is True
+    kind, result = run(monkeypatch, host, absent)
+    assert kind == "exit" and result["changed"] is False and result["initramfs_rebuild_required"] is False
+
+
+def test_remove_claims_deletes_the_driverctl_override(monkeypatch, host):
+    tree, kernel = host
+    st.add_driver_module(tree, "nvidia")
+    on_vfio_by_hand(kernel, st.A10)
+    kernel.write(tree.path("/sys/bus/pci/devices/%s/driver_override" % st.A10), "vfio-pci")
+    tree.write(A10_DRIVERCTL, "vfio-pci\n")
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "state": "absent", "remove_claims": True})
+    assert kind == "exit" and result["changed"] is True, result
+    assert result["files_changed"] == [A10_DRIVERCTL] and not os.path.exists(tree.path(A10_DRIVERCTL))
+    assert result["initramfs_rebuild_required"] is False and result["cmdline_claims"] == []
+    assert kernel.driver(st.A10) == "nvidia" and kernel.override(st.A10) is None and probes(kernel) == []
+
+
+def test_without_remove_claims_the_refusal_names_the_file_and_the_option(monkeypatch, host):
+    tree, kernel = host
+    st.add_driver_module(tree, "nvidia")
+    on_vfio_by_hand(kernel, st.A10)
+    tree.write(MODPROBE, "options vfio-pci ids=10de:2236\n")
+    for args in ({"addresses": [st.A10], "state": "absent"},
+                 {"addresses": [st.A10], "state": "absent", "remove_claims": False}):
+        assert_refused(monkeypatch, host, args, (
+            "refusing to change anything: 0000:65:00.0 (10de:2236) is claimed for vfio-pci by options vfio-pci "
+            "ids=10de:2236 in /etc/modprobe.d/vfio.conf; it would go back to vfio-pci as soon as it is released. Remove "
+            "that claim first (kernel arguments: the kernel_cmdline module with state=absent, then a reboot; modprobe.d: "
+            "delete the line and rebuild the initramfs; driverctl: driverctl unset-override 0000:65:00.0), or set "
+            "remove_claims=true to have this module remove the modprobe.d and driverctl claims, bind the host driver "
+            "explicitly and return the kernel arguments to take off (cmdline_claims)"))
+
+
+def test_remove_claims_refuses_a_cmdline_claim_without_a_loaded_host_driver(monkeypatch, host):
+    """Without the nvidia driver's module link no host driver is known: only drivers_probe is left, refused."""
+    tree, kernel = host
+    tree.set_cmdline(A10_CMDLINE)
+    tree.write(MODPROBE, "options vfio-pci ids=10de:2236\n")
+    on_vfio_by_hand(kernel, st.A10)
+    msg = ("refusing to change anything: 0000:65:00.0 (10de:2236) is claimed for vfio-pci by vfio-pci.ids=10de:2236 "
+           "on the kernel command line, which this module cannot take off at once, and has no record of its original "
+           "driver: none of its host drivers (nvidia, from modules.alias) is loaded, and the kernel's probe would give "
+           "it straight back to vfio-pci. Load its host driver first (modprobe), or take vfio-pci.ids off the kernel "
+           "command line (the kernel_cmdline module with state=absent) and reboot")
+    assert_refused(monkeypatch, host, {"addresses": [st.A10], "state": "absent", "remove_claims": True}, msg)
+    # Two host drivers loaded: which one the function had is not known either.
+    st.add_driver_module(tree, "nvidia")
+    st.add_driver_module(tree, "nouveau")
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT + "alias pci:v000010DEd*sv*sd*bc03sc*i* nouveau\n")
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "state": "absent", "remove_claims": True})
+    assert kind == "fail" and ("more than one host driver for it is loaded (nouveau, nvidia), so which one it had is "
+                               "not known") in result["msg"]
+    assert kernel.writes == [] and kernel.driver(st.A10) == "vfio-pci"
+
+
+def test_remove_claims_failure_in_the_middle_rolls_back_the_files_and_the_drivers(monkeypatch, host):
+    tree, kernel = host
+    st.add_driver_module(tree, "nvidia")
+    on_vfio_by_hand(kernel, st.A10)
+    tree.write(MODPROBE, "options vfio-pci ids=10de:2236,10de:1aef disable_vga=1\n")
+    tree.write(A10_DRIVERCTL, "vfio-pci\n")
+    args = {"addresses": [st.A10], "state": "absent", "remove_claims": True}
+    before = files_and_links(tree)
+    # The modprobe.d file is written first; removing the driverctl override then fails.
+    real_unlink = os.unlink
+
+    def unlink(path, *a, **kw):
+        if path == tree.path(A10_DRIVERCTL):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    kind, result = run(monkeypatch, host, args)
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert kind == "fail", result
+    assert result["msg"].startswith("writing %s failed: [Errno 13] Permission denied" % A10_DRIVERCTL)
+    assert result["msg"].endswith("(after the drivers were changed); rolled back: 0000:65:00.0 back on vfio-pci")
+    assert tree.read(MODPROBE) == "options vfio-pci ids=10de:2236,10de:1aef disable_vga=1"
+    assert kernel.driver(st.A10) == "vfio-pci" and files_and_links(tree) == before
+
+    # A failure of the live change touches no file at all.
+    kernel.refuse["/sys/bus/pci/drivers/nvidia/bind"] = errno.EIO
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "fail" and result["msg"].startswith("restoring 0000:65:00.0 failed: ")
+    assert result["rollback"] == ["0000:65:00.0 back on vfio-pci"]
+    assert kernel.driver(st.A10) == "vfio-pci" and files_and_links(tree) == before
+
+
+def test_remove_claims_is_ignored_with_state_present(monkeypatch, host):
+    tree, _kernel = host
+    tree.write(MODPROBE, "options vfio-pci ids=10de:2236\n")
+    args = {"addresses": [st.A10], "include_group": True}
+    _kind, plain = run(monkeypatch, host, args, check=True)
+    kind, result = run(monkeypatch, host, dict(args, remove_claims=True), check=True)
+    assert kind == "exit" and result == plain and result["cmdline_claims"] == []

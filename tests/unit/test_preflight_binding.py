@@ -1,0 +1,166 @@
+"""preflight decides the vfio-pci binding of a vm-passthrough node before anything changes, also while the IOMMU
+is still off (a host not prepared yet), from the functions of each GPU's PCI slot.
+
+The role's block is taken from its task file: its ``when`` and the arguments of its check-mode vfio_bind are
+templated as Ansible templates them, the module runs with those arguments on a fake host booted with the IOMMU off
+(a GPU, its audio and a USB controller on uhci_hcd in one slot), and the rescue message is templated from the
+module's failure.
+"""
+
+import os
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_vfio import RELEASE
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.test_vfio_bind import make_host, run
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BLOCK = "Decide the vfio-pci binding before anything changes"
+
+
+def trusted(value):
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return dict((k, trusted(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [trusted(v) for v in value]
+    return value
+
+
+def load(path):
+    with open(os.path.join(TOP, path), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def block():
+    return next(t for t in load("roles/preflight/tasks/main.yml") if t.get("name") == BLOCK)
+
+
+def variables(workload_type, iommu_on, **inputs):
+    """What the play has when the block runs: the role's defaults, the facts of gpu_facts, the block's vars."""
+    found = dict(trusted(load("roles/preflight/defaults/main.yml")), **inputs)
+    found.update(inventory_hostname="gpu-1", group_names=[], preflight_type=workload_type,
+                 gpuops_iommu={"enabled": iommu_on, "group_count": 9 if iommu_on else 0},
+                 gpuops_gpus=[{"address": st.SLOT_GPU, "driver": "nvidia"}],
+                 gpuops_host={"managed_files": {"vfio_rules": []}})
+    found.update(trusted(block()["vars"]))
+    return found
+
+
+def templar(found):
+    return Templar(loader=DataLoader(), variables=found)
+
+
+def module_args(found):
+    task = block()["block"][0]
+    assert task["check_mode"] is True
+    return templar(found).template(trusted(task["gpuops.sandbox.vfio_bind"]))
+
+
+@pytest.mark.parametrize("workload_type, iommu_on, selected, predicted", [
+    ("vm-passthrough", False, True, True),   # the defect: skipped while the IOMMU was off
+    ("vm-passthrough", True, True, False),
+    ("container", False, False, False),      # nothing of vfio-pci to undo
+    ("vm-vgpu", True, False, False),
+])
+def test_the_block_runs_while_the_iommu_is_off_and_predicts_then_only(workload_type, iommu_on, selected, predicted):
+    found = variables(workload_type, iommu_on)
+    assert templar(found).evaluate_conditional(trusted(block()["when"])) is selected
+    if selected:
+        args = module_args(found)
+        assert args["assume_slot_groups"] is predicted
+        assert args["state"] == "present" and args["include_group"] is True
+
+
+def test_operator_binding_is_not_predicted():
+    found = variables("vm-passthrough", False, gpuops_vfio_binding="operator")
+    assert templar(found).evaluate_conditional(trusted(block()["when"])) is False
+
+
+@pytest.fixture
+def slot_host(tmp_path, monkeypatch):
+    return make_host(monkeypatch, st.build_vfio_slot_host(tmp_path, RELEASE))
+
+
+def rescue_message(found, failure):
+    task = block()["rescue"][0]
+    return templar(dict(found, ansible_failed_result=failure)).template(trusted(task["ansible.builtin.fail"]["msg"]))
+
+
+def test_a_slot_sibling_on_a_driver_not_allowed_stops_the_host_before_the_reboot(monkeypatch, slot_host):
+    tree, kernel = slot_host
+    before = tree.snapshot()
+    found = variables("vm-passthrough", False)
+    kind, result = run(monkeypatch, slot_host, module_args(found), check=True)
+    assert kind == "fail"
+    assert "0000:01:00.2 (8086:2934, class 0c0300) is in the PCI slot of 0000:01:00.0" in result["msg"]
+    assert "bound to uhci_hcd" in result["msg"]
+    assert tree.snapshot() == before and kernel.writes == []
+    msg = rescue_message(found, result)
+    assert msg.startswith("gpu-1 cannot be prepared as a vm-passthrough node: refusing to change anything: ")
+    assert ("A function that goes to vfio-pci with a GPU (its IOMMU group, predicted from its PCI slot as the IOMMU "
+            "is not on yet) is on a driver not allowed. Either add that driver to gpuops_vfio_group_drivers (the "
+            "role input preflight_vfio_group_drivers, which host_prepare binds with)") in msg
+    assert msg.endswith("or unbind the function from that driver, or disable it (e.g. in the firmware setup). "
+                        "Nothing was changed.")
+
+    # The inventory allows the driver: the same check plans the whole slot, as host_prepare will bind it.
+    found = variables("vm-passthrough", False, gpuops_vfio_group_drivers=["uhci_hcd"])
+    kind, result = run(monkeypatch, slot_host, module_args(found), check=True)
+    assert kind == "exit", result
+    assert [(d["address"], d["after"]) for d in result["devices"]] == [
+        (st.SLOT_GPU, "vfio-pci"), (st.SLOT_AUDIO, "vfio-pci"), (st.SLOT_USB, "vfio-pci")]
+    assert tree.snapshot() == before and kernel.writes == []
+
+
+def test_other_refusals_keep_the_short_message():
+    found = variables("vm-passthrough", True)
+    msg = rescue_message(found, {"msg": "refusing to change anything: 0000:01:00.0 is in use (driver nvidia)"})
+    assert msg == ("gpu-1 cannot be prepared as a vm-passthrough node: refusing to change anything: 0000:01:00.0 is "
+                   "in use (driver nvidia). Nothing was changed.")
+
+
+def test_preflight_checks_with_remove_claims_what_host_prepare_will_remove(monkeypatch, slot_host):
+    """Leaving vm-passthrough with a GPU claimed in modprobe.d: refused unless gpuops_vfio_remove_claims is set."""
+    tree, kernel = slot_host
+    kernel.do_unbind(st.SLOT_GPU, "nvidia", "x", "x")
+    kernel.do_bind(st.SLOT_GPU, "vfio-pci", "x", "x")
+    kernel.writes.clear()
+    tree.write("/etc/modprobe.d/vfio.conf", "options vfio-pci ids=10de:2236\n")
+    before = tree.snapshot()
+
+    def leaving(**inputs):
+        found = variables("container", False, **inputs)
+        found["gpuops_gpus"] = [{"address": st.SLOT_GPU, "driver": "vfio-pci"}]
+        assert templar(found).evaluate_conditional(trusted(block()["when"])) is True
+        return found
+
+    found = leaving()
+    args = module_args(found)
+    assert args["state"] == "absent" and args["remove_claims"] is False
+    kind, result = run(monkeypatch, slot_host, args, check=True)
+    assert kind == "fail" and "options vfio-pci ids=10de:2236 in /etc/modprobe.d/vfio.conf" in result["msg"]
+    msg = rescue_message(found, result)
+    assert msg.endswith("Set gpuops_vfio_remove_claims=true (the role input preflight_remove_vfio_claims, and "
+                        "host_prepare's host_prepare_remove_vfio_claims) to have the preparation remove those claims. "
+                        "Nothing was changed.")
+
+    found = leaving(gpuops_vfio_remove_claims=True)
+    args = module_args(found)
+    assert args["remove_claims"] is True
+    kind, result = run(monkeypatch, slot_host, args, check=True)
+    assert kind == "exit", result
+    assert result["files_changed"] == ["/etc/modprobe.d/vfio.conf"] and result["initramfs_rebuild_required"] is True
+    assert tree.snapshot() == before and kernel.writes == []
+    # Other refusals do not suggest it.
+    assert "gpuops_vfio_remove_claims" not in rescue_message(found, {"msg": "refusing to change anything: in use"})
+
+
+def test_binding_passes_remove_claims_too_which_vfio_bind_ignores_with_state_present():
+    args = module_args(variables("vm-passthrough", True, gpuops_vfio_remove_claims=True))
+    assert args["state"] == "present" and args["remove_claims"] is True

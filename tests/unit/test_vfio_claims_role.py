@@ -1,0 +1,113 @@
+"""host_prepare removes the host's own vfio-pci claims when it gives GPUs back (gpuops_vfio_remove_claims).
+
+vfio_release.yml passes the input to vfio_bind (remove_claims); boot.yml takes the vfio-pci.ids arguments vfio_bind
+names (cmdline_claims) off the kernel command line, keeping other devices' entries, counts that as a change and a
+reason to reboot, and rebuilds the initramfs when vfio_bind changed a modprobe.d file. The tasks are taken from the
+role's files and templated as Ansible templates them.
+"""
+
+import os
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SKIPPED = {"changed": False, "skipped": True}
+CLAIMS = [{"argument": "vfio-pci.ids=10de:2236,10de:1aef", "replace_with": None},
+          {"argument": "vfio_pci.ids=10de:2236,8086:1234", "replace_with": "vfio_pci.ids=8086:1234"}]
+
+
+def trusted(value):
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return dict((k, trusted(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [trusted(v) for v in value]
+    return value
+
+
+def load(path):
+    with open(os.path.join(TOP, "roles", "host_prepare", path), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def task(path, name):
+    return next(t for t in load(path) if t.get("name") == name)
+
+
+def templar(found):
+    return Templar(loader=DataLoader(), variables=found)
+
+
+def with_vars(found, entry):
+    return dict(found, **trusted(entry.get("vars") or {}))
+
+
+def when(found, entry):
+    conditions = entry["when"] if isinstance(entry["when"], list) else [entry["when"]]
+    return all(templar(found).evaluate_conditional(trusted(c)) for c in conditions)
+
+
+@pytest.mark.parametrize("inputs, wanted", [({}, False), ({"gpuops_vfio_remove_claims": True}, True)])
+def test_vfio_release_passes_the_input_to_vfio_bind(inputs, wanted):
+    found = dict(trusted(load("defaults/main.yml")), **inputs)
+    release = task("tasks/vfio_release.yml", "Give GPUs left on vfio-pci by an earlier workload type back to their host drivers")
+    assert templar(found).template(trusted(release["gpuops.sandbox.vfio_bind"]["remove_claims"])) is wanted
+
+
+REMOVE = "Take the vfio-pci.ids arguments that claimed the GPUs given back off the kernel command line"
+REPLACE = "Keep only the other devices' entries in the vfio-pci.ids arguments that claimed the GPUs given back"
+
+
+def test_the_cmdline_claims_go_to_kernel_cmdline():
+    found = {"__host_prepare_vfio_unbind": {"changed": True, "cmdline_claims": CLAIMS}}
+    remove, replace = task("tasks/boot.yml", REMOVE), task("tasks/boot.yml", REPLACE)
+    assert when(with_vars(found, remove), remove) and when(with_vars(found, replace), replace)
+    args = templar(with_vars(found, remove)).template(trusted(remove["gpuops.sandbox.kernel_cmdline"]))
+    assert args == {"arguments": ["vfio-pci.ids=10de:2236,10de:1aef"], "state": "absent"}
+    args = templar(with_vars(found, replace)).template(trusted(replace["gpuops.sandbox.kernel_cmdline"]))
+    assert args == {"arguments": ["vfio_pci.ids=8086:1234"]}
+
+
+@pytest.mark.parametrize("found", [{}, {"__host_prepare_vfio_unbind": {"changed": False, "cmdline_claims": []}},
+                                   {"__host_prepare_vfio_unbind": {"changed": True, "files_changed": []}}])
+def test_no_cmdline_claim_no_kernel_cmdline_call(found):
+    for name in (REMOVE, REPLACE):
+        entry = task("tasks/boot.yml", name)
+        assert not when(with_vars(found, entry), entry)
+
+
+def removal_task(found):
+    entry = task("tasks/boot.yml", "Remove the vfio boot settings of an earlier workload type")
+    found = with_vars(dict(found, host_prepare_workload_type="container"), entry)
+    return when(found, entry), templar(found).template(trusted(entry["gpuops.sandbox.kernel_modules"]["rebuild"]))
+
+
+def test_a_modprobe_d_claim_removed_rebuilds_the_initramfs():
+    host = {"gpuops_host": {"managed_files": {"vfio_modules": []}}}
+    unbind = {"changed": True, "files_changed": ["/etc/modprobe.d/vfio.conf"], "initramfs_rebuild_required": True}
+    assert removal_task(dict(host, __host_prepare_vfio_unbind=unbind)) == (True, "always")
+    unbind = {"changed": True, "files_changed": ["/etc/driverctl.d/pci-0000:65:00.0"], "initramfs_rebuild_required": False}
+    assert removal_task(dict(host, __host_prepare_vfio_unbind=unbind))[0] is False
+    assert removal_task(host)[0] is False
+
+
+def reboot_facts(**registered):
+    entry = task("tasks/boot.yml", "Record why the host needs a reboot")
+    names = ["__host_prepare_nouveau", "__host_prepare_vfio_modules", "__host_prepare_vfio_modules_removed",
+             "__host_prepare_cmdline", "__host_prepare_cmdline_removed", "__host_prepare_claims_removed",
+             "__host_prepare_claims_replaced"]
+    found = dict({name: SKIPPED for name in names}, **registered)
+    return templar(found).template(trusted(entry["ansible.builtin.set_fact"]))
+
+
+@pytest.mark.parametrize("name", ["__host_prepare_claims_removed", "__host_prepare_claims_replaced"])
+def test_a_claim_taken_off_the_command_line_is_a_change_and_a_reason_to_reboot(name):
+    facts = reboot_facts(**{name: {"changed": True, "reboot_required": True}})
+    assert facts["host_prepare_changed"] is True
+    assert facts["host_prepare_reboot_reasons"] == ["kernel command line changed"]
+    facts = reboot_facts()
+    assert facts["host_prepare_changed"] is False and facts["host_prepare_reboot_reasons"] == []
