@@ -20,7 +20,7 @@ KUBE_TEST_STATE := $(or $(GPUOPS_KUBE_TEST_STATE),$(CURDIR)/.lab/kube-tests)
 # ...and those of test sessions that ran beside another one (KUBE_TEST_STATE-<pid>).
 KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 
-.PHONY: venv hostdeps lab lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator operator-build test \
+.PHONY: venv hostdeps lab lab-image lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator operator-build test \
 	checks lint sanity unit integration \
 	molecule bench bench-modules bench-hosts bench-cluster validate build docs galaxy-import clean
 
@@ -42,6 +42,9 @@ hostdeps:
 
 lab: venv hostdeps
 	$(LAB) start
+# The lab's disk image only (built once and cached); the tests boot the hosts they use.
+lab-image: venv hostdeps
+	$(LAB) image
 lab-stop: venv
 	$(LAB) stop
 lab-status: venv
@@ -83,9 +86,10 @@ operator: venv
 	eval "$$($(KUBE) env)" && ansible-playbook playbooks/validate.yml -i inventories/lab/ \
 		-e gpuops_kubeconfig="$$K8S_AUTH_KUBECONFIG"
 
-# Every test. The Kubernetes build (minutes on a fresh machine, cached after) overlaps the quick tiers.
+# Every test. The Kubernetes build and the lab image (minutes on a fresh machine, cached after) overlap the
+# quick tiers.
 test: venv hostdeps
-	$(MAKE) -j2 kube-binaries checks
+	$(MAKE) -j3 kube-binaries lab-image checks
 	$(MAKE) integration
 checks:
 	$(MAKE) -j1 lint sanity unit
@@ -102,7 +106,7 @@ unit: venv
 
 # The tests start their own API server from an empty store (not the main job's: `make site` leaves its
 # labels, releases and KubeVirt settings there), so only the binaries are a prerequisite.
-integration: lab kube-binaries
+integration: lab-image kube-binaries
 	GPUOPS_KUBE_TEST_STATE=$(KUBE_TEST_STATE) pytest -q --durations=0 tests/integration
 
 bench: venv hostdeps

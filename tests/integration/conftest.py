@@ -41,8 +41,8 @@ def lab_status():
 
 @pytest.fixture(scope="session")
 def running_lab():
-    """The lab's GPU hosts, running (a no-op when `make integration` already started them); the spare
-    host (gpulab_autostart: false) is left out."""
+    """The lab's GPU hosts, running (a no-op once the scenarios have booted them); the spare host
+    (gpulab_autostart: false) is left out."""
     lab("start", check=True)
     return {name: host for name, host in lab_status().items() if host.get("autostart", True)}
 
@@ -74,11 +74,9 @@ def molecule(scenario, env, output, state_dir):
 class BackgroundRuns:
     """Molecule scenarios started at once in the background; results() waits for them.
 
-    They run while other tests work elsewhere (test_20's module targets on the spare host, the image,
-    API server and docs tests), so their output goes to files rather than pipes nobody reads yet.
+    They run while other tests work elsewhere (the module targets on the spare host, the image, API server
+    and docs tests on the controller), so their output goes to files rather than pipes nobody reads yet.
     """
-
-    started_runs = []
 
     def __init__(self, specs):
         self.started = time.monotonic()
@@ -89,7 +87,10 @@ class BackgroundRuns:
             state_dir = os.path.join(self.dir, name + ".state")
             self.procs[name] = (molecule(name, env, output=handle, state_dir=state_dir), handle)
         self._results = None
-        BackgroundRuns.started_runs.append(self)
+
+    def wait(self, name, timeout=3600):
+        """The return code of one run, once it has ended."""
+        return self.procs[name][0].wait(timeout=timeout)
 
     def results(self, timeout=3600):
         """{scenario: (returncode, output, seconds from the start to its end)}"""
@@ -111,27 +112,6 @@ class BackgroundRuns:
                 proc.wait()
             if not handle.closed:
                 handle.close()
-
-
-@pytest.fixture(scope="session")
-def scenario_batch(running_lab):  # pylint: disable=unused-argument,redefined-outer-name
-    """The three workload-type scenarios, started once for the session on the three GPU hosts; every host
-    stays as its scenario left it (for the switch scenario, the failure paths and site.yml)."""
-    batch = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS})
-    yield batch
-    batch.kill()
-
-
-@pytest.fixture(scope="session")
-def switch_run(scenario_batch):  # pylint: disable=redefined-outer-name
-    """The switch scenario (vm-passthrough -> container -> vm-passthrough) on the host the vm_passthrough
-    scenario left prepared, started in the background once that scenario passed; None when it failed."""
-    if scenario_batch.results()["vm_passthrough"][0] != 0:
-        yield None
-        return
-    run_ = BackgroundRuns({"switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}})
-    yield run_
-    run_.kill()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,7 +136,6 @@ class PowerLossRun:
         self._results = {}
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-        BackgroundRuns.started_runs.append(self)
 
     def _run(self):
         try:
@@ -206,22 +185,206 @@ def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
     seen["after_again"] = lab("ssh", host, "--", INITRAMFS_STATE, check=True, timeout=300).stdout
 
 
-@pytest.fixture(scope="session")
-def power_loss_run(scenario_batch):  # pylint: disable=redefined-outer-name
-    """The power-loss run on lab-vgpu, started once the vm_vgpu scenario has ended (the host is then free);
-    None when that scenario failed (the lab host may be in any state)."""
-    if scenario_batch.results()["vm_vgpu"][0] != 0:
-        yield None
-        return
-    yield PowerLossRun()
+# ---------------------------------------------------------------------------------------------
+# Each module's integration target on lab-modules, the spare host, in the background (test_88 checks)
+# ---------------------------------------------------------------------------------------------
+
+MODULES_HOST = "lab-modules"
+# QEMU pids of lab hosts this session booted from a fresh overlay and left untouched since: {host: {pid}}.
+FRESH_PIDS = {}
+TARGETS_DIR = os.path.join(TOP, "tests", "integration", "targets")
+# kernel_cmdline first (it needs the pristine command line); the rest after the one reboot.
+BEFORE_REBOOT = ["kernel_cmdline"]
+AFTER_REBOOT = ["iommu_check", "gpu_facts", "sriov_vfs", "mdev_create", "vfio_bind", "vfio_probe", "host_lock"]
+REBOOT_STEP = "reboot"
+REBOOT_TASKS = """    - name: Reboot once into the new command line
+      ansible.builtin.reboot:
+        reboot_timeout: 1200
+        # Back only when the root file system takes writes (modules need a temporary directory).
+        test_command: touch /var/tmp/.gpuops-reboot-test && rm -f /var/tmp/.gpuops-reboot-test
+    - name: Read the running command line and the IOMMU groups
+      ansible.builtin.command: cat /proc/cmdline /sys/kernel/iommu_groups/0/type
+      register: after
+      changed_when: false
+    - name: The IOMMU is on
+      ansible.builtin.assert:
+        that:
+          - "'intel_iommu=on' in after.stdout_lines[0].split()"
+          - "'intel_iommu=off' not in after.stdout_lines[0].split()"
+"""
+
+
+def target_tasks(target):
+    return "    - name: Run %s\n      ansible.builtin.include_tasks: %s\n" % (
+        target, os.path.join(TARGETS_DIR, target, "tasks", "main.yml"))
+
+
+def run_host_tasks(directory, host, name, tasks, timeout=2400):
+    """A play of `tasks` on one lab host; the CompletedProcess."""
+    playbook = os.path.join(directory, "%s.yml" % name)
+    with open(playbook, "w", encoding="utf-8") as handle:
+        handle.write("- name: Integration target %s\n  hosts: %s\n  gather_facts: false\n  tasks:\n%s"
+                     % (name, host, tasks))
+    return run(["ansible-playbook", "-i", "inventories/lab/", playbook], timeout=timeout)
+
+
+class ModuleTargetsRun:
+    """The module targets, one play each, on lab-modules from the pristine image: kernel_cmdline turns the
+    IOMMU on through grub, the host reboots once, the other targets run on the IOMMU-enabled kernel; the host
+    is reset and stopped at the end. All in a thread beside the other tests; results() waits for it:
+    {step: (returncode, output, seconds)} for each target and the reboot, in order."""
+
+    steps = BEFORE_REBOOT + [REBOOT_STEP] + AFTER_REBOOT
+
+    def __init__(self, host=MODULES_HOST):
+        self.host = host
+        self.started = time.monotonic()
+        self.dir = tempfile.mkdtemp(prefix="gpuops-module-targets-")
+        self._results = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _step(self, name, tasks):
+        begun = time.monotonic()
+        try:
+            proc = run_host_tasks(self.dir, self.host, name, tasks)
+            self._results[name] = (proc.returncode, proc.stdout, time.monotonic() - begun)
+        except Exception as exc:  # pylint: disable=broad-except
+            self._results[name] = (None, "%s: %s" % (type(exc).__name__, exc), time.monotonic() - begun)
+        # Each play's output is also kept in a file, to follow the run before its test reads it.
+        with open(os.path.join(self.dir, "%s.log" % name), "w", encoding="utf-8") as handle:
+            rc, out, elapsed = self._results[name]
+            handle.write("rc=%s after %.0fs\n%s" % (rc, elapsed, out))
+
+    def _run(self):
+        try:
+            # A host this session booted from a fresh overlay (test_10) is used as it is: no second boot.
+            if lab_status().get(self.host, {}).get("pid") not in FRESH_PIDS.get(self.host, ()):
+                lab("reset", "--no-start", self.host, check=True)
+            lab("start", self.host, check=True, timeout=1800)
+        except Exception as exc:  # pylint: disable=broad-except
+            for name in self.steps:
+                self._results[name] = (None, "%s did not start: %s" % (self.host, exc), 0.0)
+            return
+        for name in BEFORE_REBOOT:
+            self._step(name, target_tasks(name))
+        self._step(REBOOT_STEP, REBOOT_TASKS)
+        for name in AFTER_REBOOT:
+            if os.path.isfile(os.path.join(TARGETS_DIR, name, "tasks", "main.yml")):
+                self._step(name, target_tasks(name))
+            else:
+                self._results[name] = (None, "integration target %s is missing" % name, 0.0)
+        lab("reset", "--no-start", self.host)
+
+    def results(self, timeout=5400):
+        self._thread.join(timeout)
+        return self._results
+
+    def kill(self):
+        """Nothing to kill: the thread's commands have their own time limits."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The lab's work, in the background: scenarios, what follows each on its host, the module targets
+# ---------------------------------------------------------------------------------------------
+
+class After:
+    """A run started on a host once that host's scenario has passed (None when it failed), by a thread that
+    waits for the scenario: the run follows at once, not when a test first asks for it."""
+
+    def __init__(self, batch, scenario, start):
+        self.run = None
+        self._thread = threading.Thread(target=self._follow, args=(batch, scenario, start), daemon=True)
+        self._thread.start()
+
+    def _follow(self, batch, scenario, start):
+        if batch.wait(scenario) == 0:
+            self.run = start()
+
+    def get(self, timeout=5400):
+        self._thread.join(timeout)
+        return self.run
+
+    def results(self, timeout=5400):
+        run_ = self.get(timeout)
+        return run_.results(timeout) if run_ is not None else None
+
+    def kill(self):
+        if self.run is not None:
+            self.run.kill()
+
+
+class LabWork:
+    """Everything the lab hosts do for the session, started at once and run beside the controller's tests
+    (the image, API server, chart, operator and docs tests): the three workload-type scenarios on the GPU
+    hosts, then on lab-passthrough the switch scenario and on lab-vgpu the power-loss run as soon as their
+    scenario passed, and the module targets on lab-modules from the start. The tests from test_82 on check
+    what each left."""
+
+    def __init__(self):
+        self.scenarios = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS})
+        self.switch = After(self.scenarios, "vm_passthrough", lambda: BackgroundRuns(
+            {"switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
+        self.power_loss = After(self.scenarios, "vm_vgpu", PowerLossRun)
+        self.modules = ModuleTargetsRun()
+        self.parts = [self.scenarios, self.switch, self.power_loss, self.modules]
+
+    def settle(self):
+        for part in self.parts:
+            part.results()
+
+    def kill(self):
+        for part in self.parts:
+            part.kill()
 
 
 @pytest.fixture(scope="session")
-def settled_lab(running_lab):  # pylint: disable=redefined-outer-name
-    """The running lab once every background scenario of the session has ended (for tests that use
-    all the GPU hosts)."""
-    for started in BackgroundRuns.started_runs:
-        started.results()
+def lab_work():
+    """The lab's work for the session; the scenarios and the module targets boot the hosts they use."""
+    work = LabWork()
+    yield work
+    work.kill()
+
+
+@pytest.fixture(scope="session")
+def overlap_lab_work(request):
+    """Starts the lab's work before these tests when later tests of the session check it, so the lab hosts
+    work while the controller runs these; a no-op in a session without such tests."""
+    if any("lab_work" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("lab_work")
+
+
+@pytest.fixture(scope="session")
+def scenario_batch(lab_work):  # pylint: disable=redefined-outer-name
+    """The three workload-type scenarios on the three GPU hosts; every host stays as its scenario left it
+    (for the switch scenario, the failure paths and site.yml)."""
+    return lab_work.scenarios
+
+
+@pytest.fixture(scope="session")
+def switch_run(lab_work):  # pylint: disable=redefined-outer-name
+    """The switch scenario (vm-passthrough -> container -> vm-passthrough) on the host the vm_passthrough
+    scenario left prepared; None when that scenario failed."""
+    return lab_work.switch.get()
+
+
+@pytest.fixture(scope="session")
+def power_loss_run(lab_work):  # pylint: disable=redefined-outer-name
+    """The power-loss run on lab-vgpu after the vm_vgpu scenario; None when that scenario failed (the lab
+    host may be in any state)."""
+    return lab_work.power_loss.get()
+
+
+@pytest.fixture(scope="session")
+def module_targets(lab_work):  # pylint: disable=redefined-outer-name
+    """{step: (returncode, output, seconds)} of the module targets on lab-modules."""
+    return lab_work.modules.results()
+
+
+@pytest.fixture(scope="session")
+def settled_lab(running_lab, lab_work):  # pylint: disable=redefined-outer-name
+    """The running lab once all of the session's lab work has ended (for tests that use all the GPU hosts)."""
+    lab_work.settle()
     return running_lab
 
 

@@ -1,6 +1,6 @@
 """The switch scenario: a host goes from vm-passthrough to container and back (molecule, scenario switch).
 
-It starts, in the background, from the host the vm_passthrough scenario of test_40 left prepared (molecule
+It starts, in the background, from the host the vm_passthrough scenario of test_82 left prepared (molecule
 create reuses it) as soon as that scenario has passed, and runs while the image, API server and docs tests
 use the controller; this test waits for it. Each switch undoes the old type and reboots once; host_verify
 fails the scenario when the container state keeps anything of the VM stack.

@@ -1,11 +1,12 @@
 """Host preparation in the lab: one molecule scenario per workload type, and the failure paths.
 
 The three workload-type scenarios run at the same time, each on its own lab host (create resets the host
-to the pristine image; check, converge with at most one reboot, idempotence, testinfra verify). They
-start with the session's first user of the batch (test_20, which meanwhile runs the module targets on the
-spare host) and leave their hosts prepared: the switch scenario then starts from the vm_passthrough host
-in the background (test_85 checks it, after the image, API server and docs tests), the failure paths run
-against lab-container (whose VM has no IOMMU in its firmware), and test_90 runs the main job on all three.
+to the pristine image; check, converge with at most one reboot, idempotence, testinfra verify). They start
+in the background before the image, API server and docs tests (conftest.LabWork, with the module targets on
+the spare host) and leave their hosts prepared: the switch scenario then starts at once from the
+vm_passthrough host and the power-loss run from the vm_vgpu host (test_85 and test_87 check them), the
+failure paths here run against lab-container (whose VM has no IOMMU in its firmware), and test_90 runs the
+main job on all three.
 """
 
 import re
@@ -17,7 +18,7 @@ from conftest import SCENARIOS, action_output, lab, reboots, run
 
 @pytest.fixture(scope="module")
 def scenario_runs(scenario_batch):
-    # Started by the session's first user (test_20 runs the module targets on the spare host meanwhile).
+    # Started before the controller's tests (conftest.LabWork); this waits for them to end.
     return scenario_batch.results()
 
 
@@ -54,9 +55,9 @@ def host_state(host):
     (["-e", "gpuops_workload_type=gpu-magic"],
      r"preflight_workload_type must be one of: , container, vm-passthrough, vm-vgpu, dra, got: gpu-magic"),
 ], ids=["iommu-off-in-firmware", "dra-iommu-off-in-firmware", "unsupported-os", "bad-workload-type"])
-def test_preflight_failure_changes_nothing(scenario_runs, switch_run, power_loss_run, extra, expected):  # pylint: disable=unused-argument
-    # The switch scenario runs on lab-passthrough meanwhile (switch_run starts it; test_85 checks it), and the
-    # power-loss run on lab-vgpu (power_loss_run starts it; test_87 checks it).
+def test_preflight_failure_changes_nothing(scenario_runs, extra, expected):  # pylint: disable=unused-argument
+    # The switch scenario may still run on lab-passthrough (test_85 checks it), and the power-loss run on
+    # lab-vgpu (test_87 checks it).
     lab("start", "lab-container", check=True, timeout=1800)
     before = host_state("lab-container")
     proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
