@@ -5,7 +5,7 @@ to the pristine image; check, converge with at most one reboot, idempotence, tes
 in the background before the image, API server and docs tests (conftest.LabWork, with the module targets on
 the spare host) and leave their hosts prepared: the switch scenario then starts at once from the
 vm_passthrough host and the power-loss run from the vm_vgpu host (test_85 and test_87 check them), the
-failure paths here run against lab-container (whose VM has no IOMMU in its firmware), and test_90 runs the
+failure paths here run against lab-container (whose VM has no IOMMU in its firmware), and test_95 runs the
 main job on all three.
 """
 

@@ -1,20 +1,26 @@
-"""playbooks/site.yml run through ansible-runner the way AWX runs a job, on the lab.
+"""The main job, playbooks/site.yml, on the lab after the host scenarios left every host prepared, run once,
+through ansible-runner the way AWX runs a job.
 
 AWX (and Automation Platform) does not call ansible-playbook itself: it lays out a private data dir
 (project/, inventory/ with an executable inventory script, env/extravars, env/envvars, env/settings)
-and hands it to ansible-runner, then reads the job's events. This test does the same with the lab
-inventory and asserts the run's status, return code and each host's events.
+and hands it to ansible-runner, then reads the job's events. The run here does the same with the lab
+inventory; one test asserts the run's status, return code and each host's events, the other what the play
+printed: nothing to do on the hosts (no change, no reboot) and every host ready, whichever way the hosts were
+prepared before (molecule scenarios through prepare_hosts.yml, the switch playbook, the drift repair of
+test_90), and the cluster half's labels and KubeVirt entries on the real API server.
 """
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 
 import ansible_runner
+import pytest
 
-from conftest import TOP
+from conftest import TOP, lab, run as run_cmd
 
 LAB_INVENTORY = os.path.join(TOP, "inventories", "lab")
 
@@ -65,7 +71,9 @@ def host_events(run, event):
     return [e for e in run.events if e.get("event") == event]
 
 
-def test_site_through_ansible_runner(settled_lab, kube_api, tmp_path):
+@pytest.fixture(scope="module")
+def site_run(settled_lab, kube_api, tmp_path_factory):  # pylint: disable=unused-argument
+    """(runner result, its stdout): site.yml once through ansible-runner on the settled lab."""
     # The kubeconfig as AWX's kubeconfig credential type hands it over: an extra variable naming a file.
     extravars = {"awx_job_id": 15, "awx_job_template_name": "gpuops full site", "tower_job_id": 15,
                  "gpuops_kubeconfig": kube_api["kubeconfig"]}
@@ -73,14 +81,19 @@ def test_site_through_ansible_runner(settled_lab, kube_api, tmp_path):
         "ANSIBLE_CONFIG": os.path.join(TOP, "ansible.cfg"),
         "ANSIBLE_COLLECTIONS_PATH": os.path.join(TOP, ".build", "collections"),
         "ANSIBLE_FORCE_COLOR": "False",
+        "ANSIBLE_NOCOLOR": "True",
         "PATH": os.pathsep.join([kube_api["bin_dir"], os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
     }
-    pdd = private_data_dir(str(tmp_path), extravars, envvars)
-    run = ansible_runner.run(private_data_dir=pdd, playbook="playbooks/site.yml",
-                             inventory=os.path.join(pdd, "inventory", "hosts"),
-                             extravars={"awx_job_launch_type": "manual"}, envvars={"JOB_ID": "15"},
-                             quiet=True, timeout=2400)
-    stdout = run.stdout.read()
+    pdd = private_data_dir(str(tmp_path_factory.mktemp("runner")), extravars, envvars)
+    result = ansible_runner.run(private_data_dir=pdd, playbook="playbooks/site.yml",
+                                inventory=os.path.join(pdd, "inventory", "hosts"),
+                                extravars={"awx_job_launch_type": "manual"}, envvars={"JOB_ID": "15"},
+                                quiet=True, timeout=2400)
+    return result, result.stdout.read()
+
+
+def test_site_through_ansible_runner(site_run, settled_lab):
+    run, stdout = site_run
     failed = [(e["event_data"].get("host"), e["event_data"].get("task"), e["event_data"].get("res", {}).get("msg"))
               for e in host_events(run, "runner_on_failed") if not e["event_data"].get("ignore_errors")]
     assert run.status == "successful" and run.rc == 0, (run.status, run.rc, failed, stdout[-3000:])
@@ -112,3 +125,46 @@ def test_site_through_ansible_runner(settled_lab, kube_api, tmp_path):
     artifacts = run.config.artifact_dir
     assert os.path.isfile(os.path.join(artifacts, "rc"))
     assert os.listdir(os.path.join(artifacts, "job_events"))
+
+
+def offered_vgpu_types(host):
+    """The type names of the mdevs a lab host really has, as the sandbox device plugin reads them."""
+    out = lab("ssh", host, "--", "for d in /sys/bus/mdev/devices/*/mdev_type; do echo \"TYPE<$(cat $d/name)>\"; done",
+              check=True).stdout
+    return sorted(set(re.findall(r"^TYPE<(.+)>$", out, re.M)))
+
+
+def test_site_is_a_noop_on_prepared_hosts(site_run, settled_lab, kube_api):
+    result, out = site_run
+    assert result.rc == 0, out[-6000:]
+    recap = out[out.index("PLAY RECAP"):]
+    for host in settled_lab:
+        line = re.search(r"^%s\s+:(.*)$" % re.escape(host), recap, re.M)
+        assert line, "no PLAY RECAP line for %s" % host
+        assert "failed=0" in line.group(1) and "unreachable=0" in line.group(1)
+        assert "changed=0" in line.group(1), line.group(0)
+        # The readiness table has the host, its type from the inventory groups, and READY yes.
+        assert re.search(r"%s\s+(container|vm-passthrough|vm-vgpu)\s+yes\b" % re.escape(host), out), out[-4000:]
+    assert not re.search(r"TASK \[[^\]]*Reboot once[^\]]*\][^\n]*\n(?:(?![^\n]*TASK \[)[^\n]*\n)*?[^\n]*changed: ", out)
+    # The cluster half ran against the API server: the lab's Nodes carry their workload labels.
+    assert re.search(r"^localhost\s+:.*failed=0", recap, re.M), recap
+    kubectl = [os.path.join(kube_api["bin_dir"], "kubectl"), "--kubeconfig", kube_api["kubeconfig"]]
+    for host, wanted in (("lab-container", "container"), ("lab-passthrough", "vm-passthrough"),
+                         ("lab-vgpu", "vm-vgpu")):
+        label = run_cmd(kubectl + ["get", "node", host, "-o",
+                                   "jsonpath={.metadata.labels.nvidia\\.com/gpu\\.workload\\.config}"], check=True)
+        assert label.stdout.strip() == wanted, (host, label.stdout)
+    # The KubeVirt CR permits what the lab's hosts really offer: the passthrough stand-in GPU (1234:11e8, which
+    # the sandbox device plugin would name by its bare device ID) and every vGPU type lab-vgpu has mdevs of.
+    phd = json.loads(run_cmd(kubectl + ["get", "kubevirt", "kubevirt", "-n", "kubevirt", "-o",
+                                        "jsonpath={.spec.configuration.permittedHostDevices}"], check=True).stdout)
+    assert {"pciVendorSelector": "1234:11E8", "resourceName": "nvidia.com/11e8",
+            "externalResourceProvider": True} in phd["pciHostDevices"], phd
+    types = offered_vgpu_types("lab-vgpu")
+    assert types, "lab-vgpu has no mdev"
+    for name in types:
+        entry = {"mdevNameSelector": name, "resourceName": "nvidia.com/" + re.sub(r"[\t\n\f\r ]+", "_", name),
+                 "externalResourceProvider": True}
+        assert entry in phd.get("mediatedDevices", []), (entry, phd)
+    summary = re.search(r"KubeVirt (\d+) PCI \+ (\d+) mediated entries", out)
+    assert summary and int(summary.group(2)) >= len(types), out[-3000:]
