@@ -248,7 +248,7 @@ def find_targets(params, root="/"):
                                                                        "vgpu_type": vgpu["current_type"]})
         elif address in selected:
             not_probed.append({"address": address, "driver": ident["driver"],
-                            "reason": "on %s, not a VFIO driver" % (ident["driver"] or "no driver")})
+                               "reason": "on %s, not a VFIO driver" % (ident["driver"] or "no driver")})
     if params.get("mdevs") != "none":
         for uuid, mdev in sorted(list_mdev_devices(root).items()):
             if params.get("mdevs") == "all" or mdev["parent"] in functions:
