@@ -723,7 +723,8 @@ def object_path(obj, subresource=None):
     """The REST path of a (cluster-scoped or namespaced) object of the kinds the fixtures use."""
     api_version, kind = obj["apiVersion"], obj["kind"]
     plural = {"CustomResourceDefinition": "customresourcedefinitions", "Namespace": "namespaces",
-              "Node": "nodes", "KubeVirt": "kubevirts", "ClusterPolicy": "clusterpolicies"}.get(kind)
+              "Node": "nodes", "KubeVirt": "kubevirts", "ClusterPolicy": "clusterpolicies",
+              "ResourceSlice": "resourceslices"}.get(kind)
     if plural is None:
         plural = kind.lower() + "s"
     base = "/api/v1" if api_version == "v1" else "/apis/" + api_version
@@ -788,11 +789,17 @@ def apply_fixtures(client):
     objects = load_documents(os.path.join(FIXTURES, "objects"))
     for obj in objects:
         apply_with_status(client, obj, keep_existing=True)
-    nodes = load_nodes_module().lab_nodes()
+    nodes_mod = load_nodes_module()
+    nodes = nodes_mod.lab_nodes()
     create_nodes(client, nodes)
+    # What the DRA driver's kubelet plugin would publish for the lab's DRA hosts (the lab runs no kubelet).
+    slices = nodes_mod.lab_dra_slices()
+    for item in slices:
+        client.apply(object_path(item), item)
     return {"crds": [c["metadata"]["name"] for c in crds],
             "objects": ["%s/%s" % (o["kind"], o["metadata"]["name"]) for o in objects],
-            "nodes": [n["metadata"]["name"] for n in nodes]}
+            "nodes": [n["metadata"]["name"] for n in nodes],
+            "resource_slices": [r["metadata"]["name"] for r in slices]}
 
 
 def create_nodes(client, nodes, workers=8):
@@ -870,8 +877,9 @@ def cmd_fixtures(args):
     result = apply_fixtures(KubeClient.admin(meta["server"]))
     if args.json:
         print(json.dumps(result, indent=2))
-    log("applied %d CRDs, %d objects and %d nodes in %.1fs" % (
-        len(result["crds"]), len(result["objects"]), len(result["nodes"]), time.time() - started))
+    log("applied %d CRDs, %d objects, %d nodes and %d ResourceSlices in %.1fs" % (
+        len(result["crds"]), len(result["objects"]), len(result["nodes"]), len(result["resource_slices"]),
+        time.time() - started))
 
 
 def cmd_nodes(args):
@@ -914,7 +922,7 @@ def main(argv=None):
     p = add_command(sub, "nodes", cmd_nodes, "create (or --delete) many GPU Node objects, e.g. for benchmarks")
     p.add_argument("--count", type=int, default=100)
     p.add_argument("--prefix", default="bench-gpu-")
-    p.add_argument("--workload", choices=("container", "vm-passthrough", "vm-vgpu"), default="container",
+    p.add_argument("--workload", choices=("container", "vm-passthrough", "vm-vgpu", "dra"), default="container",
                    help="stand-in GPU resources in status.allocatable (no workload label is set)")
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--workers", type=int, default=8, help="parallel API requests")

@@ -48,10 +48,10 @@ def running_lab():
 
 
 # ---------------------------------------------------------------------------------------------
-# The workload-type molecule scenarios, run in the background on the three GPU hosts
+# The workload-type molecule scenarios, run in the background on the four GPU hosts
 # ---------------------------------------------------------------------------------------------
 
-SCENARIOS = {"container": "lab-container", "vm_passthrough": "lab-passthrough", "vm_vgpu": "lab-vgpu"}
+SCENARIOS = {"container": "lab-container", "vm_passthrough": "lab-passthrough", "vm_vgpu": "lab-vgpu", "dra": "lab-dra"}
 
 
 def molecule(scenario, env, output, state_dir):
@@ -316,7 +316,7 @@ class After:
 
 class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
-    (the image, API server, chart, operator and docs tests): the three workload-type scenarios on the GPU
+    (the image, API server, chart, operator and docs tests): the four workload-type scenarios on the GPU
     hosts, then on lab-passthrough the switch scenario and on lab-vgpu the power-loss run as soon as their
     scenario passed, and the module targets on lab-modules from the start. The tests from test_82 on check
     what each left."""
@@ -356,7 +356,7 @@ def overlap_lab_work(request):
 
 @pytest.fixture(scope="session")
 def scenario_batch(lab_work):  # pylint: disable=redefined-outer-name
-    """The three workload-type scenarios on the three GPU hosts; every host stays as its scenario left it
+    """The four workload-type scenarios on the four GPU hosts; every host stays as its scenario left it
     (for the switch scenario, the failure paths and site.yml)."""
     return lab_work.scenarios
 

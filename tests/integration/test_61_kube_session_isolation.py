@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("overlap_lab_work")
 
 NESTED = "GPUOPS_TEST_NESTED_SESSION"
 WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
-LAB_NODES = ("lab-container", "lab-passthrough", "lab-vgpu")
+LAB_NODES = ("lab-container", "lab-dra", "lab-passthrough", "lab-vgpu")
 
 
 def kubectl(bin_dir, kubeconfig, *args, **kwargs):

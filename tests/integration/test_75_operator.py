@@ -4,7 +4,7 @@ The cluster half (playbooks/cluster.yml) installs the real GPU Operator and DRA 
 ../shared/upstream/ on the session's API server; then the operator's controller, built from its source
 beside them, runs out of cluster against that server. It labels the nodes (nvidia.com/gpu.deploy.*) and
 renders its operand DaemonSets as it would in a cluster. What is checked, per lab host (one of each
-workload type, the GPU facts made up as in test_70/test_72; lab-dra is an extra Node this module adds):
+workload type, the GPU facts made up as in test_70/test_72; lab-dra the DRA host, a fixture Node like the others):
 - the operator's deploy labels on each node, exactly: its own `true` for the workload type, and on the
   DRA node the collection's `false` for the operands a DRA node must not run, kept by the operator;
 - which lab nodes each operand DaemonSet selects (node selector and node affinity), and its image: the
@@ -59,7 +59,7 @@ HAVE_UPSTREAM = all(os.path.isdir(p) for p in list(CHARTS.values()) + [OPERATOR_
 OPERATORLAB = [sys.executable, os.path.join(TOP, "lab", "operatorlab.py")]
 
 NODES = {"lab-container": "container", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu", "lab-dra": "dra"}
-EXTRA_NODE = "lab-dra"
+DRA_NODE = "lab-dra"
 NAMESPACE = "gpu-operator"
 RELEASES = (("gpu-operator", NAMESPACE), ("dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu"))
 DEPLOY = "nvidia.com/gpu.deploy."
@@ -259,18 +259,6 @@ def os_tag(labels):
 # The module's setup and cleanup: the server is left as it was found
 # ---------------------------------------------------------------------------------------------
 
-def extra_node(api):
-    """lab-dra: a fourth lab Node (tests/fixtures/nodes.py), for the dra host."""
-    import importlib.util  # pylint: disable=import-outside-toplevel
-    spec = importlib.util.spec_from_file_location("gpuops_fixture_nodes_75", os.path.join(TOP, "tests", "fixtures", "nodes.py"))
-    nodes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nodes)
-    node = nodes.gpu_node(EXTRA_NODE, "container", gpus=2, resources={})
-    kubectl(api, "apply", "-f", "-", stdin=json.dumps({k: v for k, v in node.items() if k != "status"}))
-    kubectl(api, "patch", "node", EXTRA_NODE, "--subresource=status", "--type=merge",
-            "-p", json.dumps({"status": node["status"]}))
-
-
 def operator_objects(api):
     """[(kind.group, namespace or None, name)] of what carries an ownerReference to a ClusterPolicy."""
     found = []
@@ -309,12 +297,11 @@ def lab(kube_api, tmp_path_factory):
     stand_in_crd = kfind(api, "crd", POLICY_CRD)
     if stand_in_crd:
         kubectl(api, "replace", "-f", os.path.join(CHARTS["gpu-operator"], "crds", "nvidia.com_clusterpolicies.yaml"))
-    nodes = {n: kget(api, "node", n) for n in NODES if n != EXTRA_NODE}
+    nodes = {n: kget(api, "node", n) for n in NODES}
     kubevirt = kget(api, "kubevirt", "kubevirt", "-n", "kubevirt")
     objects = [("secret", PULL_SECRET[0], NAMESPACE), ("configmap", VGPU_CONFIGMAP, NAMESPACE)]
     absent = [o for o in objects if kfind(api, o[0], o[1], "-n", o[2]) is None]
     namespace = kfind(api, "namespace", NAMESPACE)
-    extra_node(api)
     try:
         yield lab_
     finally:
@@ -336,7 +323,6 @@ def lab(kube_api, tmp_path_factory):
             kept = {k: stand_in_crd[k] for k in ("apiVersion", "kind", "spec")}
             kept["metadata"] = {k: v for k, v in stand_in_crd["metadata"].items() if k in ("name", "labels", "annotations")}
             kubectl(api, "replace", "-f", "-", stdin=json.dumps(kept), check=False)
-        kubectl(api, "delete", "node", EXTRA_NODE, "--ignore-not-found", check=False)
         for name, node in nodes.items():
             now = kget(api, "node", name)
             meta = {}
@@ -466,7 +452,7 @@ def test_operand_daemonsets_select_the_right_nodes_with_the_right_images(reconci
     stored = kget(api, "configmap", VGPU_CONFIGMAP, "-n", NAMESPACE)
     assert yaml.safe_load(stored["data"]["config.yaml"]) == VGPU_CONFIG
     # No operand selects the DRA node but the driver and the container toolkit.
-    assert sorted(n for n, nodes in where.items() if EXTRA_NODE in nodes) == \
+    assert sorted(n for n, nodes in where.items() if DRA_NODE in nodes) == \
         ["nvidia-container-toolkit-daemonset", "nvidia-driver-daemonset"]
 
 

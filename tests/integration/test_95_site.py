@@ -144,13 +144,13 @@ def test_site_is_a_noop_on_prepared_hosts(site_run, settled_lab, kube_api):
         assert "failed=0" in line.group(1) and "unreachable=0" in line.group(1)
         assert "changed=0" in line.group(1), line.group(0)
         # The readiness table has the host, its type from the inventory groups, and READY yes.
-        assert re.search(r"%s\s+(container|vm-passthrough|vm-vgpu)\s+yes\b" % re.escape(host), out), out[-4000:]
+        assert re.search(r"%s\s+(container|vm-passthrough|vm-vgpu|dra)\s+yes\b" % re.escape(host), out), out[-4000:]
     assert not re.search(r"TASK \[[^\]]*Reboot once[^\]]*\][^\n]*\n(?:(?![^\n]*TASK \[)[^\n]*\n)*?[^\n]*changed: ", out)
     # The cluster half ran against the API server: the lab's Nodes carry their workload labels.
     assert re.search(r"^localhost\s+:.*failed=0", recap, re.M), recap
     kubectl = [os.path.join(kube_api["bin_dir"], "kubectl"), "--kubeconfig", kube_api["kubeconfig"]]
     for host, wanted in (("lab-container", "container"), ("lab-passthrough", "vm-passthrough"),
-                         ("lab-vgpu", "vm-vgpu")):
+                         ("lab-vgpu", "vm-vgpu"), ("lab-dra", "container")):
         label = run_cmd(kubectl + ["get", "node", host, "-o",
                                    "jsonpath={.metadata.labels.nvidia\\.com/gpu\\.workload\\.config}"], check=True)
         assert label.stdout.strip() == wanted, (host, label.stdout)

@@ -375,9 +375,24 @@ def test_lab_nodes_follow_the_inventory(nodes, tmp_path):
     assert made[3]["status"]["allocatable"]["nvidia.com/NVIDIA_A10-12Q"] == "8"
 
 
-def test_the_real_lab_inventory_gives_three_nodes(nodes):
+def test_the_real_lab_inventory_gives_one_node_per_workload_type(nodes):
     assert nodes.lab_hosts() == [("lab-container", "container"), ("lab-passthrough", "vm-passthrough"),
-                                 ("lab-vgpu", "vm-vgpu")]
+                                 ("lab-vgpu", "vm-vgpu"), ("lab-dra", "dra")]
+
+
+def test_the_dra_host_gets_the_slice_its_driver_would_publish(nodes):
+    slices = nodes.lab_dra_slices()
+    assert [s["spec"]["nodeName"] for s in slices] == ["lab-dra"]
+    spec = slices[0]["spec"]
+    assert spec["driver"] == "gpu.nvidia.com" and spec["pool"] == {"name": "lab-dra", "generation": 1,
+                                                                   "resourceSliceCount": 1}
+    kinds = {(d["attributes"]["type"]["string"], d["attributes"]["pcieBusID"]["string"]) for d in spec["devices"]}
+    # Each stand-in GPU once for containers and once for VMs (the chart's gpu and vfio DeviceClasses).
+    assert kinds == {("gpu", "0000:00:03.0"), ("vfio", "0000:00:03.0"), ("gpu", "0000:02:00.0"), ("vfio", "0000:02:00.0")}
+    assert len({d["name"] for d in spec["devices"]}) == 4
+    # A DRA node advertises no extended resource: its GPUs are in the slice.
+    node = nodes.gpu_node("lab-dra", "dra")
+    assert not [r for r in node["status"]["allocatable"] if r.startswith("nvidia.com/")]
 
 
 def test_gpu_node_labels_and_status(nodes):
