@@ -66,14 +66,17 @@ def read_text(root, path):
         return None
 
 
-def write_text(module, root, path, content, mode=0o644):
+def write_text(module, root, path, content, mode=0o644, durable=False):
     """Write ``content`` to ``path`` via a temp file in the same directory and an atomic move.
 
     The file ends up root:root (when run as root) with ``mode``; parent directories are created 0755.
+    ``durable``: the temp file's data reaches the disk before the move and the move before the return, so a
+    power loss at any moment leaves the old file or the new one, never an empty one (a rename whose data
+    is still in the page cache can reach the disk first: ext4 then shows an empty file after the crash).
     Raises PersistError, whatever failed.
     """
     try:
-        _write(module, host_path(root, path), content, mode)
+        _write(module, host_path(root, path), content, mode, durable)
     except PersistError:
         raise
     except Exception as exc:  # pylint: disable=broad-exception-caught
@@ -81,7 +84,7 @@ def write_text(module, root, path, content, mode=0o644):
         raise PersistError(path, _reason(exc)) from exc
 
 
-def _write(module, dest, content, mode):
+def _write(module, dest, content, mode, durable=False):
     directory = os.path.dirname(dest)
     created = []
     missing = directory
@@ -95,6 +98,9 @@ def _write(module, dest, content, mode):
         try:
             with os.fdopen(fd, "w") as handle:
                 handle.write(content)
+                if durable:
+                    handle.flush()
+                    os.fsync(handle.fileno())
             module.atomic_move(tmp, dest)
         finally:
             if os.path.exists(tmp):
@@ -110,6 +116,8 @@ def _write(module, dest, content, mode):
     os.chmod(dest, mode)
     if os.geteuid() == 0:
         os.chown(dest, 0, 0)
+    if durable:
+        _sync(dest)
 
 
 def remove_file(root, path):
@@ -176,8 +184,7 @@ def mark_pending(module, root, name, what):
     while not os.path.lexists(missing) and missing != os.path.dirname(missing):
         created.append(missing)
         missing = os.path.dirname(missing)
-    write_text(module, root, path, json.dumps(record, sort_keys=True) + "\n")
-    _sync(host_path(root, path))
+    write_text(module, root, path, json.dumps(record, sort_keys=True) + "\n", durable=True)
     return created
 
 

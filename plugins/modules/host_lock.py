@@ -30,7 +30,9 @@ description:
     alone with a warning naming it (unless O(break=true)).
   - One call reads, checks and writes the record while it holds an exclusive C(flock) on C(/var/lib/gpuops), so two
     calls started at the same instant are serialised and exactly one of them gets the lock. The record is written
-    atomically (a temporary file renamed over it), mode 0644; the directory is created 0755 when missing.
+    atomically and durably (a temporary file synced to the disk, renamed over it, the directory synced), so a power
+    loss leaves the old record or the new one, never an empty file; mode 0644; the directory is created 0755 when
+    missing.
   - A record that is not valid (not JSON, missing fields, unreadable) fails the call with a message naming the file;
     O(break=true) replaces it. A directory or symlink in place of the record is never replaced.
 author:
@@ -290,7 +292,9 @@ def run(module, root):
             changed = action != "none"
         if not module.check_mode:
             if present:
-                _persist.write_text(module, root, _lock.LOCK_FILE, _lock.render(record))
+                # Durable: a power loss during the run must leave this record (a host that reboots under a
+                # run is taken over by its next run), not an empty file no run can read.
+                _persist.write_text(module, root, _lock.LOCK_FILE, _lock.render(record), durable=True)
             elif action == "released":
                 _persist.remove_file(root, _lock.LOCK_FILE)
     if took_over is not None:

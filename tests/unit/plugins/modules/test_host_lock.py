@@ -134,6 +134,32 @@ def test_acquire_on_a_clean_host(host):
     assert host.warnings == []
 
 
+def test_the_record_reaches_the_disk_before_it_replaces_the_old_one(host, monkeypatch):
+    # A power loss after the rename but before writeback left an empty lock.json on the lab (ext4): the new
+    # record's data must be synced before the move, and the directory (the move itself) after it.
+    events = []
+    real_fsync, real_move = os.fsync, basic.AnsibleModule.atomic_move
+
+    def fsync(fd):
+        path = os.readlink("/proc/self/fd/%d" % fd)
+        events.append(("fsync", os.path.basename(path) if not os.path.isdir(path) else "dir:" + os.path.basename(path),
+                       os.path.getsize(path) if not os.path.isdir(path) else None))
+        return real_fsync(fd)
+
+    def atomic_move(self, src, dest, *args, **kwargs):
+        events.append(("move", os.path.basename(dest), None))
+        return real_move(self, src, dest, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(basic.AnsibleModule, "atomic_move", atomic_move)
+    ok(host, A)
+    moved = events.index(("move", "lock.json", None))
+    before, after = events[:moved], events[moved + 1:]
+    # The temp file, with the whole record in it, was synced before the move.
+    assert [e for e in before if e[0] == "fsync" and e[1].startswith(".gpuops-") and e[2] == len(host.raw())], events
+    assert ("fsync", "dir:gpuops", None) in after, events
+
+
 def test_refresh_of_the_same_run_moves_only_updated_and_is_no_change(host):
     ok(host, A)
     host.later(300)
