@@ -83,3 +83,14 @@ def test_the_cpu_vendor_preflight_records_passes_the_argument_specs(platform_ven
         assert result.error_messages == []
     # Without preflight (the role alone), the documented default.
     assert resolve(defaults(role), role + "_cpu_vendor") == "intel" == spec[role + "_cpu_vendor"]["default"]
+
+
+@pytest.mark.parametrize("version", [None, "0.4.1"])
+def test_one_dra_driver_version_for_the_chart_and_the_host_checks(version):
+    # The chart the cluster half installs is the version the host side judges nvidia-persistenced by.
+    inputs = {} if version is None else {"gpuops_dra_driver_version": version}
+    chart = resolve(dict(defaults("dra_driver"), **inputs), "dra_driver_chart_version")
+    judged = [resolve(dict(defaults(role), **inputs), "%s_dra_driver_version" % role)
+              for role in ("preflight", "host_prepare", "host_verify")]
+    assert chart == (version or "")
+    assert judged == [chart] * 3
