@@ -5,6 +5,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -390,6 +391,10 @@ def test_the_dra_host_gets_the_slice_its_driver_would_publish(nodes):
     # Each stand-in GPU once for containers and once for VMs (the chart's gpu and vfio DeviceClasses).
     assert kinds == {("gpu", "0000:00:03.0"), ("vfio", "0000:00:03.0"), ("gpu", "0000:02:00.0"), ("vfio", "0000:02:00.0")}
     assert len({d["name"] for d in spec["devices"]}) == 4
+    # Version attributes as the API server accepts them: semver 2.0.0, no leading zeros (it refused 580.65.06).
+    semver = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")
+    versions = [a["version"] for d in spec["devices"] for a in d["attributes"].values() if "version" in a]
+    assert versions and all(semver.fullmatch(v) for v in versions), versions
     # A DRA node advertises no extended resource: its GPUs are in the slice.
     node = nodes.gpu_node("lab-dra", "dra")
     assert not [r for r in node["status"]["allocatable"] if r.startswith("nvidia.com/")]
