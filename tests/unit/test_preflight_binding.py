@@ -7,34 +7,14 @@ templated as Ansible templates them, the module runs with those arguments on a f
 module's failure.
 """
 
-import os
-
 import pytest
-import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
 
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_vfio import RELEASE
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.test_vfio_bind import make_host, run
+from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
 
-TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BLOCK = "Decide the vfio-pci binding before anything changes"
-
-
-def trusted(value):
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return dict((k, trusted(v)) for k, v in value.items())
-    if isinstance(value, list):
-        return [trusted(v) for v in value]
-    return value
-
-
-def load(path):
-    with open(os.path.join(TOP, path), encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
 
 
 def block():
@@ -50,10 +30,6 @@ def variables(workload_type, iommu_on, **inputs):
                  gpuops_host={"managed_files": {"vfio_rules": []}})
     found.update(trusted(block()["vars"]))
     return found
-
-
-def templar(found):
-    return Templar(loader=DataLoader(), variables=found)
 
 
 def module_args(found):

@@ -7,24 +7,19 @@ host_verify; a user's play: host_verify alone). host_verify must expect what hos
 """
 
 import itertools
-import os
 
 import pytest
-import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
 
-TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
 
 
 def defaults(role):
-    with open(os.path.join(TOP, "roles", role, "defaults", "main.yml"), encoding="utf-8") as handle:
-        return dict((k, trust_as_template(v) if isinstance(v, str) else v) for k, v in yaml.safe_load(handle).items())
+    return trusted(load("roles/%s/defaults/main.yml" % role))
 
 
 def resolve(variables, name):
-    return Templar(loader=DataLoader(), variables=variables).template(variables[name])
+    return templar(variables).template(variables[name])
 
 
 INPUTS = list(itertools.product([None, "host", "operator"], [None, "", "/etc/kubeconfig"]))
@@ -58,16 +53,14 @@ def test_verification_expects_what_preparation_did(binding, kubeconfig, kind):
 
 
 def argument_spec(role):
-    with open(os.path.join(TOP, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
-        return yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+    return load("roles/%s/meta/argument_specs.yml" % role)["argument_specs"]["main"]["options"]
 
 
 def recorded_cpu_vendor(platform_vendor):
     """What preflight's "Record the CPU vendor" task sets from gpu_facts' platform_vendor."""
-    with open(os.path.join(TOP, "roles", "preflight", "tasks", "main.yml"), encoding="utf-8") as handle:
-        task = next(t for t in yaml.safe_load(handle) if t.get("name") == "Record the CPU vendor")
-    value = trust_as_template(task["ansible.builtin.set_fact"]["preflight_cpu_vendor"])
-    return Templar(loader=DataLoader(), variables={"gpuops_iommu": {"platform_vendor": platform_vendor}}).template(value)
+    task = next(t for t in load("roles/preflight/tasks/main.yml") if t.get("name") == "Record the CPU vendor")
+    value = trusted(task["ansible.builtin.set_fact"]["preflight_cpu_vendor"])
+    return templar({"gpuops_iommu": {"platform_vendor": platform_vendor}}).template(value)
 
 
 @pytest.mark.parametrize("platform_vendor, recorded", [("intel", "intel"), ("amd", "amd"), (None, "unknown")])

@@ -6,40 +6,17 @@ reason to reboot, and rebuilds the initramfs when vfio_bind changed a modprobe.d
 role's files and templated as Ansible templates them.
 """
 
-import os
-
 import pytest
-import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
 
-TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
+
 SKIPPED = {"changed": False, "skipped": True}
 CLAIMS = [{"argument": "vfio-pci.ids=10de:2236,10de:1aef", "replace_with": None},
           {"argument": "vfio_pci.ids=10de:2236,8086:1234", "replace_with": "vfio_pci.ids=8086:1234"}]
 
 
-def trusted(value):
-    if isinstance(value, str):
-        return trust_as_template(value)
-    if isinstance(value, dict):
-        return dict((k, trusted(v)) for k, v in value.items())
-    if isinstance(value, list):
-        return [trusted(v) for v in value]
-    return value
-
-
-def load(path):
-    with open(os.path.join(TOP, "roles", "host_prepare", path), encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
-
-
 def task(path, name):
-    return next(t for t in load(path) if t.get("name") == name)
-
-
-def templar(found):
-    return Templar(loader=DataLoader(), variables=found)
+    return next(t for t in load("roles/host_prepare/" + path) if t.get("name") == name)
 
 
 def with_vars(found, entry):
@@ -53,7 +30,7 @@ def when(found, entry):
 
 @pytest.mark.parametrize("inputs, wanted", [({}, False), ({"gpuops_vfio_remove_claims": True}, True)])
 def test_vfio_release_passes_the_input_to_vfio_bind(inputs, wanted):
-    found = dict(trusted(load("defaults/main.yml")), **inputs)
+    found = dict(trusted(load("roles/host_prepare/defaults/main.yml")), **inputs)
     release = task("tasks/vfio_release.yml", "Give GPUs left on vfio-pci by an earlier workload type back to their host drivers")
     assert templar(found).template(trusted(release["gpuops.sandbox.vfio_bind"]["remove_claims"])) is wanted
 
