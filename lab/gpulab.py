@@ -5,7 +5,8 @@
 """gpulab: a local lab of QEMU virtual machines that behave like GPU hosts.
 
 Each lab host is a Debian 12 VM (q35 machine with an emulated Intel IOMMU) carrying stand-in devices
-where a GPU server has its GPUs:
+where a GPU server has its GPUs; by default (a host's gpulab_layout in the inventory gives it another shape,
+see lab/layout.py):
 
 * 00:01.0  QEMU standard VGA (1234:1111, class 030000), the boot VGA device;
 * 00:03.0  edu (1234:11e8) with an HDA audio function (8086:293e) at 00:03.1 in the same IOMMU
@@ -41,6 +42,7 @@ LAB_DIR = os.path.dirname(os.path.abspath(__file__))
 if LAB_DIR not in sys.path:
     sys.path.insert(0, LAB_DIR)
 from labcommon import Progress, Lab, add_command, free_ports, port_free, read_json, utc_now  # noqa: E402
+import layout as layout_mod  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("GPUOPS_LAB_CACHE") or os.path.join(TOP, ".cache", "lab")
@@ -51,7 +53,7 @@ INVENTORY_CONNECTION = os.path.join(INVENTORY_DIR, "zz-lab-connection.yml")
 IMAGE_FILES = os.path.join(TOP, "lab", "image")
 
 # Bump when the image recipe changes: a cached image built by an older recipe is rebuilt.
-RECIPE_VERSION = "8"
+RECIPE_VERSION = "9"
 SUITE = "bookworm"
 IMAGE_NAME = "debian12-gpulab"
 DISK_SIZE = 4 * 1024 ** 3
@@ -59,6 +61,9 @@ PART_OFFSET = 1024 * 1024
 PACKAGES = [
     "systemd-sysv", "udev", "openssh-server", "python3", "kmod", "iproute2", "initramfs-tools",
     "linux-image-amd64", "grub-pc", "pciutils", "procps", "sudo", "dbus",
+    # A nested guest on a prepared host (issue: proof that a VM can take the devices): QEMU to start it and
+    # busybox for the small initramfs a full guest boot runs.
+    "qemu-system-x86", "busybox-static",
 ]
 # Kernel arguments the pristine image boots with. intel_iommu=off is deliberate (see the docstring).
 # no_timer_check: under emulation on a loaded machine the kernel's boot-time check of the timer interrupt can
@@ -474,19 +479,12 @@ def qemu_base_cmd(name, accel, iommu=True):
     return cmd
 
 
-def stand_in_devices(nvme_serial):
-    """The devices that stand in for GPUs (see the module docstring)."""
-    return [
-        "-vga", "std",
-        "-device", "edu,addr=03.0,multifunction=on",
-        "-device", "ich9-intel-hda,addr=03.1",
-        "-device", "pcie-root-port,id=rp1,chassis=1,addr=04.0",
-        "-device", "nvme-subsys,id=subsys0",
-        "-device", "nvme,serial=%s,bus=rp1,subsys=subsys0,sriov_max_vfs=4,sriov_vq_flexible=8,"
-                   "sriov_vi_flexible=4,max_ioqpairs=12" % nvme_serial,
-        "-device", "pcie-root-port,id=rp2,chassis=2,addr=05.0",
-        "-device", "edu,bus=rp2",
-    ]
+def stand_in_devices(nvme_serial, layout=None, host="lab host"):
+    """The devices that stand in for GPUs: the host's gpulab_layout, or the default (see lab/layout.py)."""
+    try:
+        return layout_mod.qemu_args(layout, nvme_serial, host)
+    except layout_mod.LayoutError as exc:
+        raise LabError("%s (inventory %s)" % (exc, INVENTORY_HOSTS))
 
 
 def accel_cache_key():
@@ -647,7 +645,8 @@ class Vm:
             # Keep the previous console log for post-mortems.
             if os.path.exists(self.serial):
                 os.replace(self.serial, self.serial + ".previous")
-            iommu = lab_host_settings(self.name).get("gpulab_iommu", True) is not False
+            settings = lab_host_settings(self.name)
+            iommu = settings.get("gpulab_iommu", True) is not False
             cmd = qemu_base_cmd(self.name, accel, iommu=iommu) + [
                 "-drive", "file=%s,if=none,id=disk0,format=qcow2" % self.disk,
                 "-device", "virtio-blk-pci,drive=disk0,addr=06.0",
@@ -657,7 +656,7 @@ class Vm:
                 "-serial", "file:" + self.serial,
                 "-qmp", "unix:%s,server=on,wait=off" % self.qmp,
                 "-pidfile", self.pidfile, "-daemonize",
-            ] + stand_in_devices("gpulab-" + self.name)
+            ] + stand_in_devices("gpulab-" + self.name, settings.get("gpulab_layout"), self.name)
             proc = subprocess.run(cmd, timeout=120, check=False, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
             if proc.returncode == 0:

@@ -151,8 +151,13 @@ def test_forced_accel_must_be_known(gpulab, monkeypatch):
 def test_stand_in_devices_are_all_there(gpulab):
     args = " ".join(gpulab.stand_in_devices("s1"))
     for needle in ("edu,addr=03.0,multifunction=on", "ich9-intel-hda,addr=03.1", "sriov_max_vfs=4",
-                   "edu,bus=rp2", "-vga std"):
+                   "pcie-root-port,id=rp2,chassis=2,addr=05.0", "edu,bus=rp2,addr=00.0", "-vga std"):
         assert needle in args
+
+
+def test_a_bad_layout_names_the_inventory(gpulab):
+    with pytest.raises(gpulab.LabError, match=r"lab-x: gpulab_layout\[0\]: function kind 'tpu'.*inventory"):
+        gpulab.stand_in_devices("s1", [{"slot": "03", "functions": ["tpu"]}], "lab-x")
 
 
 def test_main_turns_errors_into_messages(gpulab, capsys):
