@@ -317,17 +317,19 @@ class After:
 class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
     (the image, API server, chart, operator and docs tests): the four workload-type scenarios on the GPU
-    hosts, then on lab-passthrough the switch scenario and on lab-vgpu the power-loss run as soon as their
-    scenario passed, and the module targets on lab-modules from the start. The tests from test_82 on check
+    hosts, then on lab-passthrough the switch scenario, on lab-dra the dra_switch scenario and on lab-vgpu the
+    power-loss run as soon as their scenario passed, and the module targets on lab-modules from the start. The tests from test_82 on check
     what each left."""
 
     def __init__(self):
         self.scenarios = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS})
         self.switch = After(self.scenarios, "vm_passthrough", lambda: BackgroundRuns(
             {"switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
+        self.dra_switch = After(self.scenarios, "dra", lambda: BackgroundRuns(
+            {"dra_switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
         self.power_loss = After(self.scenarios, "vm_vgpu", PowerLossRun)
         self.modules = ModuleTargetsRun()
-        self.parts = [self.scenarios, self.switch, self.power_loss, self.modules]
+        self.parts = [self.scenarios, self.switch, self.dra_switch, self.power_loss, self.modules]
 
     def settle(self):
         for part in self.parts:
@@ -366,6 +368,13 @@ def switch_run(lab_work):  # pylint: disable=redefined-outer-name
     """The switch scenario (vm-passthrough -> container -> vm-passthrough) on the host the vm_passthrough
     scenario left prepared; None when that scenario failed."""
     return lab_work.switch.get()
+
+
+@pytest.fixture(scope="session")
+def dra_switch_run(lab_work):  # pylint: disable=redefined-outer-name
+    """The dra_switch scenario (dra -> vm-passthrough -> dra) on the host the dra scenario left prepared; None
+    when that scenario failed."""
+    return lab_work.dra_switch.get()
 
 
 @pytest.fixture(scope="session")

@@ -1,24 +1,43 @@
-"""The switch scenario: a host goes from vm-passthrough to container and back (molecule, scenario switch).
+"""The switch scenarios: a host goes from vm-passthrough to container and back (molecule, scenario switch), and
+lab-dra from dra to vm-passthrough and back (scenario dra_switch).
 
-It starts, in the background, from the host the vm_passthrough scenario of test_82 left prepared (molecule
-create reuses it) as soon as that scenario has passed, and runs while the image, API server and docs tests
+Each starts, in the background, from the host its workload scenario of test_82 left prepared (molecule create
+reuses it) as soon as that scenario has passed, and runs while the image, API server and docs tests
 use the controller; this test waits for it. Each switch undoes the old type and reboots once; host_verify
-fails the scenario when the container state keeps anything of the VM stack.
+fails the scenario when a leg keeps anything of the type it left.
 """
+
+import re
 
 from conftest import action_output, lab, reboots, run
 
 
-def test_switch_scenario(switch_run):
-    assert switch_run is not None, "the switch scenario starts from the vm_passthrough host, whose scenario failed"
-    rc, out, elapsed = switch_run.results()["switch"]
+def switched(background, scenario, source):
+    """The output of a switch scenario that passed: the host was already of its type, so no reboot on
+    converge, one per switch (side_effect goes there and back) and none on idempotence."""
+    assert background is not None, "the %s scenario starts from the %s host, whose scenario failed" % (scenario, source)
+    rc, out, elapsed = background.results()[scenario]
     assert rc == 0, out[-10000:]
-    # The host was already a vm-passthrough node: no reboot on converge; one per switch.
     assert reboots(action_output(out, "converge")) == 0
     assert reboots(action_output(out, "side_effect")) == 2
     assert reboots(action_output(out, "idempotence")) == 0
-    assert " passed" in action_output(out, "verify")
-    print("switch: molecule test %.0fs" % elapsed)
+    # The verifier ran its checks (one that collected nothing passes too).
+    passed = re.findall(r"(\d+) passed", action_output(out, "verify"))
+    assert passed, action_output(out, "verify")[-4000:]
+    print("%s: molecule test %.0fs, %s verifier checks passed" % (scenario, elapsed, passed[-1]))
+    return int(passed[-1])
+
+
+def test_switch_scenario(switch_run):
+    """vm-passthrough -> container -> vm-passthrough on lab-passthrough."""
+    assert switched(switch_run, "switch", "vm_passthrough") >= 15
+
+
+def test_dra_switch_scenario(dra_switch_run):
+    """dra -> vm-passthrough -> dra on lab-dra, the host of another shape (a GPU slot with audio and USB
+    functions, a GPU behind a PCIe switch): the dra node's checks and those of both legs (the passthrough leg's
+    binding and VFIO probe, the dra leg's drivers given back)."""
+    assert switched(dra_switch_run, "dra_switch", "dra") >= 10
 
 
 # Everything a refused switch could have touched: boot files, udev rules, this collection's records, the boot

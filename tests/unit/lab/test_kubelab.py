@@ -388,8 +388,9 @@ def test_the_dra_host_gets_the_slice_its_driver_would_publish(nodes):
     assert spec["driver"] == "gpu.nvidia.com" and spec["pool"] == {"name": "lab-dra", "generation": 1,
                                                                    "resourceSliceCount": 1}
     kinds = {(d["attributes"]["type"]["string"], d["attributes"]["pcieBusID"]["string"]) for d in spec["devices"]}
-    # Each stand-in GPU once for containers and once for VMs (the chart's gpu and vfio DeviceClasses).
-    assert kinds == {("gpu", "0000:00:03.0"), ("vfio", "0000:00:03.0"), ("gpu", "0000:02:00.0"), ("vfio", "0000:02:00.0")}
+    # Each stand-in GPU once for containers and once for VMs (the chart's gpu and vfio DeviceClasses), at the
+    # addresses of lab-dra's own layout: one GPU in slot 03 of the root bus, one behind the PCIe switch.
+    assert kinds == {("gpu", "0000:00:03.0"), ("vfio", "0000:00:03.0"), ("gpu", "0000:03:00.0"), ("vfio", "0000:03:00.0")}
     assert len({d["name"] for d in spec["devices"]}) == 4
     # Version attributes as the API server accepts them: semver 2.0.0, no leading zeros (it refused 580.65.06).
     semver = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?")

@@ -7,13 +7,14 @@ import os
 import pytest
 
 # The vm_passthrough scenario's checks of a prepared node, run here as they are (pytest collects the test_
-# functions of this module's namespace).
+# functions of this module's namespace) with the fixtures they use.
 _SPEC = importlib.util.spec_from_file_location(
     "passthrough_node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "vm_passthrough",
                                      "tests", "test_passthrough_node.py"))
 _PASSTHROUGH = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(_PASSTHROUGH)
-globals().update((name, value) for name, value in vars(_PASSTHROUGH).items() if name.startswith("test_"))
+globals().update((name, value) for name, value in vars(_PASSTHROUGH).items()
+                 if name.startswith("test_") or name in ("found", "handed"))
 
 
 def container_leg(host):
