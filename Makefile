@@ -22,7 +22,7 @@ KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 
 .PHONY: venv hostdeps lab lab-image lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator operator-build test \
 	checks lint sanity unit integration \
-	molecule bench bench-modules bench-hosts bench-cluster validate build docs galaxy-import clean
+	molecule bench bench-modules bench-hosts bench-cluster bench-guest validate build docs galaxy-import clean
 
 # One command creates the Python environment from nothing (re-run when requirements change).
 venv: $(VENV)/.stamp $(COLL_LINK)
@@ -125,6 +125,11 @@ bench-hosts: venv hostdeps
 # modules against a naive per-node kubernetes.core.k8s loop (wall time and API requests).
 bench-cluster: venv
 	$(BIN)/python scripts/bench_cluster.py
+
+# A real guest with the stand-in devices passed through on lab-modules (guest_attach_probe): the paused guest's
+# time (QMP) and a full boot's (the host's kernel and a busybox initramfs), with KVM and under software emulation.
+bench-guest: venv hostdeps
+	$(BIN)/python scripts/bench_guest.py
 
 # The validation playbook (operator state labels, GPU resources, a test VM) against the lab's API server.
 validate: lab kube
