@@ -195,7 +195,8 @@ FRESH_PIDS = {}
 TARGETS_DIR = os.path.join(TOP, "tests", "integration", "targets")
 # kernel_cmdline first (it needs the pristine command line); the rest after the one reboot.
 BEFORE_REBOOT = ["kernel_cmdline"]
-AFTER_REBOOT = ["iommu_check", "gpu_facts", "sriov_vfs", "mdev_create", "vfio_bind", "vfio_probe", "dra_blockers", "host_lock"]
+AFTER_REBOOT = ["iommu_check", "gpu_facts", "sriov_vfs", "mdev_create", "vfio_bind", "vfio_probe", "guest_attach_probe",
+                "dra_blockers", "host_lock"]
 REBOOT_STEP = "reboot"
 REBOOT_TASKS = """    - name: Reboot once into the new command line
       ansible.builtin.reboot:
