@@ -27,7 +27,6 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     RECORD_FILE,
     apply_args,
     bls_entry_files,
-    host_path,
     load_record,
     parse_args,
     parse_grubby_info,
@@ -43,6 +42,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     split_cmdline,
     strip_loader_tokens,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._shellvars import (
     evaluate_grub_defaults,
     grub_defaults_chain,

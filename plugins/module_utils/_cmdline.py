@@ -29,6 +29,7 @@ import re
 import unicodedata
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
 GRUB_DEFAULTS = "/etc/default/grub"
 GRUB_DROPIN_DIR = "/etc/default/grub.d"
@@ -62,11 +63,6 @@ class CmdlineError(GpuopsError):
         super().__init__(msg)
         self.msg = msg
         self.path = path
-
-
-def host_path(root, path):
-    """Return ``path`` (an absolute host path such as ``/etc/default/grub``) placed under ``root``."""
-    return os.path.join(root or "/", path.lstrip("/"))
 
 
 # ---------------------------------------------------------------------------------------------

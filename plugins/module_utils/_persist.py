@@ -58,9 +58,12 @@ def _reason(exc):
 
 
 def read_text(root, path):
-    """Return the text of ``path`` under ``root``, or None when it does not exist or cannot be read."""
+    """Return the text of ``path`` under ``root``, or None when it does not exist or cannot be read.
+
+    The one reader of this collection's own files (records, definitions, rules): UTF-8, an undecodable byte read
+    as U+FFFD rather than an error, whatever the host's locale."""
     try:
-        with open(host_path(root, path), "r") as handle:
+        with open(host_path(root, path), "r", encoding="utf-8", errors="replace") as handle:
             return handle.read()
     except (IOError, OSError):
         return None

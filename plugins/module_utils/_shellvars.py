@@ -24,9 +24,9 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     GRUB_DROPIN_DIR,
     GRUB_VARS,
     CmdlineError,
-    host_path,
     read_text,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     vgpu_info,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import normalize_key, parse_cmdline
+from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import read_text
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text
 
 PCI_DRIVERS = "/sys/bus/pci/drivers"
@@ -610,15 +611,6 @@ def record_text(state, target):
         "driver_override": state["override"],
         "bound_to": target,
     }, sort_keys=True, indent=2) + "\n"
-
-
-def read_text(root, path):
-    """Text of host file ``path`` under ``root``, or None when it does not exist or cannot be read."""
-    try:
-        with open(host_path(root, path), "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except (IOError, OSError):
-        return None
 
 
 def read_record(address, root="/"):

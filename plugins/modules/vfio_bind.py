@@ -449,7 +449,7 @@ def plan_files(plan, params, root):
     for entry in plan["devices"]:
         addr = entry["address"]
         record, rule = _vfio.record_path(addr), _vfio.udev_rule_path(addr)
-        old_record, old_rule = _vfio.read_text(root, record), _vfio.read_text(root, rule)
+        old_record, old_rule = _persist.read_text(root, record), _persist.read_text(root, rule)
         if params["state"] == "absent":
             for path, old in ((record, old_record), (rule, old_rule)):
                 if old is not None:
@@ -564,7 +564,7 @@ def existing_after(plan, changes, root, path_of):
         if path in final:
             if final[path] is not None:
                 paths.append(path)
-        elif _vfio.read_text(root, path) is not None:
+        elif _persist.read_text(root, path) is not None:
             paths.append(path)
     return paths
 
