@@ -30,27 +30,12 @@ import tempfile
 import time
 from datetime import datetime
 
-TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV_BIN = os.path.join(TOP, ".venv", "bin")
-PYTHON = os.path.join(VENV_BIN, "python") if os.path.exists(os.path.join(VENV_BIN, "python")) else sys.executable
-LAB = [PYTHON, os.path.join(TOP, "lab", "gpulab.py")]
-INVENTORY = "inventories/lab/"
+# The lab paths and the IOMMU play are bench_modules.py's (beside this script).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_modules import INVENTORY, IOMMU_ARGS, LAB, PREPARE, TOP, VENV_BIN  # noqa: E402  pylint: disable=wrong-import-position
+
 EDU = "0000:00:03.0"
 HDA = "0000:00:03.1"
-PREPARE = """---
-- name: Turn the IOMMU on for the guest benchmark
-  hosts: %(host)s
-  gather_facts: false
-  tasks:
-    - name: Put the IOMMU arguments on the kernel command line
-      gpuops.sandbox.kernel_cmdline:
-        arguments: [intel_iommu=on, iommu=pt]
-      register: bench_iommu
-    - name: Reboot into the new command line
-      ansible.builtin.reboot:
-        reboot_timeout: 1200
-      when: bench_iommu.reboot_required
-"""
 GUESTS = """---
 - name: Start guests with the stand-in devices
   hosts: %(host)s
@@ -140,7 +125,7 @@ def playbook(text, name, json_output=False, timeout=3600):
 def prepare(host):
     lab("reset", "--no-start", host)
     lab("start", host)
-    elapsed, code, out, err = playbook(PREPARE % {"host": host}, "prepare.yml")
+    elapsed, code, out, err = playbook(PREPARE % {"host": host, "arguments": json.dumps(IOMMU_ARGS)}, "prepare.yml")
     log("prepare playbook (kernel_cmdline + reboot): %.1f s, rc=%d" % (elapsed, code))
     if code != 0:
         raise SystemExit("preparing %s failed:\n%s" % (host, tail(out + err, 30)))
