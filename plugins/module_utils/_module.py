@@ -22,10 +22,12 @@ from __future__ import annotations
 NOT_FINITE = ("inf", "infinity", "nan")
 MASK = "********"
 
-# The exit codes the collection's command runners use for a command that ran out of time (timeout(1) uses 124;
-# 137 is a process killed by SIGKILL after it).
+# The exit codes of a command that ran out of time under timeout(1): 124 when it ended on timeout's SIGTERM; when
+# it ignored that and got SIGKILL --kill-after seconds later, timeout(1) is killed with its process group, which
+# run_command reports as -9 (a shell would say 137).
 TIMEOUT_RC = 124
 KILLED_AFTER_TIMEOUT_RC = 137
+TIMED_OUT_RCS = (TIMEOUT_RC, KILLED_AFTER_TIMEOUT_RC, -9)
 
 
 class GpuopsError(Exception):
@@ -120,17 +122,23 @@ def check_timeout(value, low, high, error=GpuopsError, name="timeout"):
         raise error(exc.msg) from exc
 
 
-def run_timed(module, argv, timeout, option="command_timeout", kill_after=10):
+def run_timed(module, argv, timeout, option="command_timeout", kill_after=10, data=None, cwd=None):
     """Run ``argv`` (a list, never a shell string) with ``LC_ALL=C`` under ``timeout --kill-after``; return
     ``(rc, stdout, stderr)`` as strings. A command that ran out of time gets a line in its stderr naming the time
     limit and ``option`` (the module option that sets it). Without timeout(1) on the host the command runs unbounded.
+    ``data`` (text) is the command's standard input, given as it is; ``cwd`` its working directory.
     """
     full = list(argv)
     timeout_bin = module.get_bin_path("timeout") if timeout and timeout > 0 else None
     if timeout_bin:
         full = [timeout_bin, "--kill-after=%d" % kill_after, str(timeout)] + full
-    rc, out, err = module.run_command(full, environ_update={"LC_ALL": "C"}, expand_user_and_vars=False)
-    if timeout_bin and rc in (TIMEOUT_RC, KILLED_AFTER_TIMEOUT_RC):
+    extra = {}
+    if data is not None:
+        extra.update(data=data, binary_data=True)
+    if cwd is not None:
+        extra["cwd"] = cwd
+    rc, out, err = module.run_command(full, environ_update={"LC_ALL": "C"}, expand_user_and_vars=False, **extra)
+    if timeout_bin and rc in TIMED_OUT_RCS:
         err = "%s\n%s did not finish within %d seconds (%s)" % ((err or "").rstrip(), argv[0], timeout, option)
     return rc, out or "", err or ""
 
