@@ -201,6 +201,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     check_timeout,
     create_module,
     run_module,
+    run_timed,
 )
 
 # The filesystem root the module works on; unit tests point it at a fake tree.
@@ -412,7 +413,7 @@ def run(module, root):
         raise ModulesError("writing the module settings failed (%s); %s" % (
             reason, "rollback failed: %s" % "; ".join(errors) if errors else "the files were put back as they were"))
     if cmd:
-        rc, out, err = _run_with_timeout(module, cmd, params["timeout"])
+        rc, out, err = run_timed(module, cmd, params["timeout"], option="timeout", kill_after=30)
         if rc != 0:
             errors = _persist.restore(module, root, saved)
             if earlier is None:
@@ -424,16 +425,6 @@ def run(module, root):
                 " ".join(cmd), rc, (err or out).strip()[-2000:], rollback))
         _persist.clear_pending(root, PENDING)
     return result
-
-
-def _run_with_timeout(module, cmd, timeout):
-    timeout_bin = module.get_bin_path("timeout")
-    if timeout_bin:
-        cmd = [timeout_bin, "--kill-after=30", str(timeout)] + cmd
-    rc, out, err = module.run_command(cmd, environ_update={"LC_ALL": "C"})
-    if timeout_bin and rc == 124:
-        err = "stopped after %d seconds (timeout)\n%s" % (timeout, err)
-    return rc, out, err
 
 
 def build_module():

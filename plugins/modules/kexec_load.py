@@ -179,10 +179,10 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _kexec, _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
-    TIMEOUT_RC,
     check_timeout,
     create_module,
     run_module,
+    run_timed,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
@@ -190,21 +190,8 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_
 ROOT = "/"
 
 MAX_TIMEOUT = 3600
-KILLED_AFTER_TIMEOUT_RC = 137
 NOT_PERMITTED = "Operation not permitted"
 UNKNOWN_IMAGE = "a kexec image this module did not load (unknown kernel)\n"
-
-
-def run_command(module, argv, timeout):
-    """Run ``argv`` with LC_ALL=C (for the error texts) under timeout(1); return ``(rc, stdout, stderr)``."""
-    full = list(argv)
-    timeout_bin = module.get_bin_path("timeout")
-    if timeout_bin:
-        full = [timeout_bin, "--kill-after=10", str(timeout)] + full
-    rc, out, err = module.run_command(full, environ_update={"LC_ALL": "C"}, expand_user_and_vars=False)
-    if timeout_bin and rc in (TIMEOUT_RC, KILLED_AFTER_TIMEOUT_RC):
-        err = "%s\n%s did not finish within %d seconds (command_timeout)" % ((err or "").rstrip(), argv[0], timeout)
-    return rc, out or "", err or ""
 
 
 def failure(argv, rc, out, err):
@@ -235,7 +222,7 @@ def read_entry(module, root, backend, warnings):
         grubby = module.get_bin_path("grubby")
         if not grubby:
             raise _kexec.NotLoadable("backend grubby: grubby is not installed")
-        return _kexec.grubby_entry(root, lambda argv: run_command(module, argv, module.params["command_timeout"]),
+        return _kexec.grubby_entry(root, lambda argv: run_timed(module, argv, module.params["command_timeout"]),
                                    grubby, warnings)
     return _kexec.bls_entry(root, warnings)
 
@@ -245,14 +232,14 @@ def kexec_run(module, argv):
     --kexec-file-syscall. Returns ``(file_syscall, None)`` on success, else ``(None, (attempts))`` where each
     attempt is ``(argv, rc, out, err)``; the second attempt is there only after a refusal."""
     timeout = module.params["command_timeout"]
-    rc, out, err = run_command(module, argv, timeout)
+    rc, out, err = run_timed(module, argv, timeout)
     if rc == 0:
         return False, None
     first = (argv, rc, out, err)
     if NOT_PERMITTED not in err + out:
         return None, (first,)
     retry = argv[:1] + ["--kexec-file-syscall"] + argv[1:]
-    rc, out, err = run_command(module, retry, timeout)
+    rc, out, err = run_timed(module, retry, timeout)
     if rc == 0:
         return True, None
     return None, (first, (retry, rc, out, err))

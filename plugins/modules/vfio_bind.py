@@ -367,6 +367,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     check_timeout,
     create_module,
     run_module,
+    run_timed,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _vfio
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
@@ -511,17 +512,11 @@ def load_drivers(module, drivers):
     if not drivers:
         return []
     modprobe = module.get_bin_path("modprobe", required=True)
-    timeout_bin = module.get_bin_path("timeout")
     loaded = []
     for driver in drivers:
         name = _vfio.module_for_driver(driver)
         argv = [modprobe] + (["--dry-run"] if module.check_mode else []) + [name]
-        full = argv
-        if timeout_bin:
-            full = [timeout_bin, "--kill-after=10", str(MODPROBE_TIMEOUT)] + argv
-        rc, out, err = module.run_command(full, environ_update={"LC_ALL": "C"}, expand_user_and_vars=False)
-        if timeout_bin and rc in (124, 137):
-            err = "%s\n%s did not finish within %d seconds" % (err or "", " ".join(argv), MODPROBE_TIMEOUT)
+        rc, out, err = run_timed(module, argv, MODPROBE_TIMEOUT, option="the module's limit for modprobe")
         if rc != 0:
             raise _vfio.VfioError(
                 "kernel module %s (driver %s) cannot be loaded: %s failed (rc=%d): %s; nothing was changed"

@@ -287,6 +287,17 @@ def test_vfio_pci_module_missing(monkeypatch, lab):
     assert kernel.commands[-1] == (["/usr/sbin/modprobe", "vfio_pci"], {"LC_ALL": "C"})
 
 
+def test_modprobe_that_hangs_is_told_as_out_of_time(monkeypatch, lab):
+    tree, kernel = lab
+    kernel.hang.add("vfio_pci")
+    before = tree.snapshot()
+    kind, result = run(monkeypatch, lab, {"addresses": [LAB_EDU]})
+    assert kind == "fail" and result["msg"] == (
+        "kernel module vfio_pci (driver vfio-pci) cannot be loaded: /usr/sbin/modprobe vfio_pci failed (rc=-9): "
+        "/usr/sbin/modprobe did not finish within 60 seconds (the module's limit for modprobe); nothing was changed")
+    assert tree.snapshot() == before and kernel.writes == []
+
+
 def test_holders_of_nvidia_device(monkeypatch, busy_host):
     assert_refused(monkeypatch, busy_host, {"addresses": [st.A10], "include_group": True},
                    "refusing to change anything: 0000:65:00.0 is in use (driver nvidia): pid 1234 (nvidia-persiste) "
