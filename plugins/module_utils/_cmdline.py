@@ -29,7 +29,7 @@ import re
 import unicodedata
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path, read_file
 
 GRUB_DEFAULTS = "/etc/default/grub"
 GRUB_DROPIN_DIR = "/etc/default/grub.d"
@@ -456,12 +456,10 @@ def plan_restore(keys, tokens, args, restore=True):
 def read_text(path, missing=None):
     """Read a text file; return ``missing`` when it does not exist (``missing=None`` still means absent)."""
     try:
-        with open(path, "r", encoding="utf-8", errors="surrogateescape") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return missing
+        text = read_file(path, errors="surrogateescape")
     except (IOError, OSError) as exc:
         raise CmdlineError("cannot read %s: %s" % (path, exc.strerror or exc), path=path)
+    return missing if text is None else text
 
 
 def read_proc_cmdline(root="/"):

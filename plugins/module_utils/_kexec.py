@@ -31,7 +31,7 @@ import re
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import grubby_info_entries, split_cmdline
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import FileTooLarge, host_path, read_file
 
 GRUB_CFG = "/boot/grub/grub.cfg"
 GRUB_ENVS = ("/boot/grub/grubenv", "/boot/grub2/grubenv")
@@ -86,17 +86,12 @@ def shown(value, limit=80):
 
 def read_text(root, path, limit=_MAX_FILE):
     """The text of host file ``path``, or None when it does not exist; NotLoadable when it cannot be read."""
-    full = host_path(root, path)
     try:
-        with open(full, "rb") as handle:
-            data = handle.read(limit + 1)
-    except FileNotFoundError:
-        return None
+        return read_file(host_path(root, path), limit=limit)
+    except FileTooLarge as exc:
+        raise NotLoadable("%s is larger than %d bytes; not a boot loader file this module reads" % (path, limit)) from exc
     except (IOError, OSError) as exc:
         raise NotLoadable("cannot read %s: %s" % (path, exc.strerror or exc)) from exc
-    if len(data) > limit:
-        raise NotLoadable("%s is larger than %d bytes; not a boot loader file this module reads" % (path, limit))
-    return data.decode("utf-8", errors="replace")
 
 
 # ---------------------------------------------------------------------------------------------

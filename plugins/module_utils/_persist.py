@@ -31,7 +31,7 @@ import tempfile
 import time
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path, read_file
 
 
 class PersistError(GpuopsError, OSError):
@@ -63,8 +63,7 @@ def read_text(root, path):
     The one reader of this collection's own files (records, definitions, rules): UTF-8, an undecodable byte read
     as U+FFFD rather than an error, whatever the host's locale."""
     try:
-        with open(host_path(root, path), "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+        return read_file(host_path(root, path))
     except (IOError, OSError):
         return None
 

@@ -97,6 +97,28 @@ def pci_device_dir(address, root="/"):
     return link
 
 
+class FileTooLarge(GpuopsError):
+    """A file longer than the limit its reader set."""
+
+
+def read_file(path, errors="replace", limit=None):
+    """The text of file ``path`` (a full path) as UTF-8, or None when it does not exist.
+
+    The one reader of whole text files: ``errors`` is how an undecodable byte is read (``replace``: as U+FFFD;
+    ``surrogateescape``: kept, so the text can be written back byte for byte); with ``limit`` (bytes), a longer
+    file raises FileTooLarge. Line ends are read as Python's text mode reads them (``\r\n`` and ``\r`` as
+    ``\n``). Any other failure to read raises the OSError.
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read() if limit is None else handle.read(limit + 1)
+    except FileNotFoundError:
+        return None
+    if limit is not None and len(data) > limit:
+        raise FileTooLarge("%s is larger than %d bytes" % (path, limit), path=path)
+    return data.decode("utf-8", errors=errors).replace("\r\n", "\n").replace("\r", "\n")
+
+
 def read_attr(path, default=None):
     """Read a sysfs attribute as stripped text; ``default`` when it does not exist (None: raise)."""
     try:
