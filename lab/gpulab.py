@@ -41,7 +41,8 @@ import time
 LAB_DIR = os.path.dirname(os.path.abspath(__file__))
 if LAB_DIR not in sys.path:
     sys.path.insert(0, LAB_DIR)
-from labcommon import Progress, Lab, add_command, free_ports, port_free, read_json, utc_now  # noqa: E402
+from labcommon import (Progress, Lab, add_command, free_ports, inventory_entries, inventory_host_vars,  # noqa: E402
+                       port_free, read_json, utc_now)
 import layout as layout_mod  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,30 +101,25 @@ def need_tools(*names):
 # Lab hosts, read from the tracked inventory
 # ---------------------------------------------------------------------------------------------
 
-def lab_hosts():
-    """Return the host names of inventories/lab/hosts.yml, in file order."""
+def load_inventory():
+    """The YAML data of inventories/lab/hosts.yml."""
     try:
         import yaml  # pylint: disable=import-outside-toplevel
     except ImportError:
         raise LabError("PyYAML is missing: run the lab through `make` (it creates the .venv) or pip install pyyaml")
     try:
         with open(INVENTORY_HOSTS) as handle:
-            data = yaml.safe_load(handle) or {}
+            return yaml.safe_load(handle) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise LabError("cannot read the lab inventory %s: %s" % (INVENTORY_HOSTS, exc))
+
+
+def lab_hosts():
+    """Return the host names of inventories/lab/hosts.yml, in file order."""
     names = []
-
-    def walk(group):
-        if not isinstance(group, dict):
-            return
-        for name in (group.get("hosts") or {}):
-            if name not in names:
-                names.append(name)
-        for child in (group.get("children") or {}).values():
-            walk(child)
-
-    for group in data.values():
-        walk(group)
+    for name, _hostvars, _groups in inventory_entries(load_inventory()):
+        if name not in names:
+            names.append(name)
     if not names:
         raise LabError("the lab inventory %s names no hosts" % INVENTORY_HOSTS)
     return names
@@ -131,26 +127,7 @@ def lab_hosts():
 
 def lab_host_settings(name):
     """The lab settings of one host from inventories/lab/hosts.yml (host variables named gpulab_*)."""
-    import yaml  # pylint: disable=import-outside-toplevel
-    try:
-        with open(INVENTORY_HOSTS) as handle:
-            data = yaml.safe_load(handle) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise LabError("cannot read the lab inventory %s: %s" % (INVENTORY_HOSTS, exc))
-    found = {}
-
-    def walk(group):
-        if not isinstance(group, dict):
-            return
-        for host, hostvars in (group.get("hosts") or {}).items():
-            if host == name and isinstance(hostvars, dict):
-                found.update((k, v) for k, v in hostvars.items() if k.startswith("gpulab_"))
-        for child in (group.get("children") or {}).values():
-            walk(child)
-
-    for group in data.values():
-        walk(group)
-    return found
+    return {k: v for k, v in inventory_host_vars(load_inventory(), name).items() if k.startswith("gpulab_")}
 
 
 def autostarts(name):

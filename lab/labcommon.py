@@ -279,6 +279,35 @@ def read_json(path):
     return data if isinstance(data, dict) else {}
 
 
+def inventory_entries(data):
+    """Each listing of a host in an Ansible YAML inventory's data, depth first in file order (a group's hosts
+    before its children): ``(host, hostvars, groups)``, ``groups`` the group names from the top down to the
+    group that lists it. A host listed twice comes twice; its callers merge or keep the first."""
+    found = []
+
+    def walk(name, group, path):
+        if not isinstance(group, dict):
+            return
+        path = path + (name,)
+        for host, hostvars in (group.get("hosts") or {}).items():
+            found.append((host, hostvars if isinstance(hostvars, dict) else {}, path))
+        for child_name, child in (group.get("children") or {}).items():
+            walk(child_name, child, path)
+
+    for name, group in (data or {}).items():
+        walk(name, group, ())
+    return found
+
+
+def inventory_host_vars(data, host):
+    """The variables given to ``host`` in an inventory's data, merged over its listings ({} when none)."""
+    merged = {}
+    for name, hostvars, _groups in inventory_entries(data):
+        if name == host:
+            merged.update(hostvars)
+    return merged
+
+
 def write_json(path, data, sort_keys=False):
     write_text(path, json.dumps(data, indent=2, sort_keys=sort_keys) + "\n")
 

@@ -120,6 +120,25 @@ all:
     assert not gpulab.autostarts("spare") and gpulab.autostarts("a-host")
 
 
+def test_settings_of_a_host_listed_twice_are_merged_and_only_the_lab_ones(gpulab):
+    write_hosts(gpulab, """
+all:
+  children:
+    gpu_nodes:
+      hosts: {a-host: {gpulab_autostart: false, gpuops_workload_type: container}}
+      children:
+        dra: {hosts: {a-host: {gpulab_layout: [{slot: 3}]}, b-host: null}}
+""")
+    assert gpulab.lab_host_settings("a-host") == {"gpulab_autostart": False, "gpulab_layout": [{"slot": 3}]}
+    assert gpulab.lab_host_settings("b-host") == {} and gpulab.lab_host_settings("c-host") == {}
+
+
+def test_an_unreadable_inventory_is_named(gpulab):
+    write_hosts(gpulab, "all: [unclosed\n")
+    with pytest.raises(gpulab.LabError, match="cannot read the lab inventory .*hosts.yml"):
+        gpulab.lab_hosts()
+
+
 def test_empty_inventory_is_an_error(gpulab):
     write_hosts(gpulab, "all: {}\n")
     with pytest.raises(gpulab.LabError, match="names no hosts"):
