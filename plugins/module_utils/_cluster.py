@@ -31,6 +31,8 @@ WORKLOAD_TYPES = ("container", "vm-passthrough", "vm-vgpu", "dra")
 IOMMU_WORKLOAD_TYPES = ("vm-passthrough", "vm-vgpu", "dra")
 # The types whose GPUs reach VMs through the sandbox device plugin and KubeVirt's permittedHostDevices.
 HOST_DEVICE_WORKLOAD_TYPES = ("vm-passthrough", "vm-vgpu")
+# The inventory groups (children of gpu_nodes) that stand for a workload type.
+WORKLOAD_TYPE_GROUPS = {"container": "container", "vm_passthrough": "vm-passthrough", "vm_vgpu": "vm-vgpu", "dra": "dra"}
 WORKLOAD_TYPE_KINDS = {"all": WORKLOAD_TYPES, "iommu": IOMMU_WORKLOAD_TYPES, "host_devices": HOST_DEVICE_WORKLOAD_TYPES}
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 RESOURCE_PREFIX = "nvidia.com/"

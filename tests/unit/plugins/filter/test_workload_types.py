@@ -13,6 +13,7 @@ import re
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.gpuops.sandbox.plugins.filter.workload_type_of import FilterModule as WorkloadTypeOf
 from ansible_collections.gpuops.sandbox.plugins.filter.workload_types import FilterModule
 
 workload_types = FilterModule().filters()["workload_types"]
@@ -55,3 +56,46 @@ def test_the_checker_sees_a_copy(tmp_path):
     literal = re.compile(r"[\[(]((?:\s*'[a-z-]+'\s*,)+\s*'[a-z-]+'\s*)[\])]")
     groups = [set(re.findall(r"'([a-z-]+)'", m.group(1))) for m in literal.finditer(line)]
     assert groups == [set(workload_types("iommu"))]
+
+
+# --- workload_type_of: the one rule for a host's type ---------------------------------------------------------
+
+workload_type_of = WorkloadTypeOf().filters()["workload_type_of"]
+
+
+@pytest.mark.parametrize("groups, given, expected", [
+    (["gpu_nodes", "vm_vgpu"], "", "vm-vgpu"),
+    (["all_gpu", "vm_passthrough", "gpu_nodes"], "", "vm-passthrough"),
+    (["gpu_nodes", "dra"], "container", "container"),      # the type set for the host wins
+    (["gpu_nodes", "container", "dra"], "", ""),           # two types from groups: none, preflight names the host
+    (["gpu_nodes", "container", "container"], "", "container"),
+    (["gpu_nodes"], "", ""),
+    ([], None, ""),
+    (["vm_vgpu"], "vm-typo", "vm-typo"),                   # returned as given; preflight refuses it
+])
+def test_the_type_of_a_host(groups, given, expected):
+    assert workload_type_of(groups, given) == expected
+
+
+@pytest.mark.parametrize("groups, given, message", [
+    ("vm_vgpu", "", "takes the host's group names \\(a list\\), got 'vm_vgpu'"),
+    (["vm_vgpu"], ["dra"], "the workload type given must be a string, got \\['dra'\\]"),
+])
+def test_bad_input_is_named(groups, given, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        workload_type_of(groups, given)
+
+
+def test_no_role_or_playbook_keeps_its_own_group_map():
+    """The group -> type map lives in _cluster.WORKLOAD_TYPE_GROUPS; a YAML mapping of it is a second copy."""
+    copy = re.compile(r"vm_passthrough:\s*['\"]?vm-passthrough")
+    found = []
+    for folder in ("roles", "playbooks"):
+        for root, _dirs, files in os.walk(os.path.join(TOP, folder)):
+            for name in files:
+                if name.endswith((".yml", ".yaml", ".j2")):
+                    path = os.path.join(root, name)
+                    with open(path, encoding="utf-8") as handle:
+                        if copy.search(handle.read()):
+                            found.append(os.path.relpath(path, TOP))
+    assert found == []
