@@ -40,6 +40,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     write_attr,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text
+from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import restore_retry_end
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import parse_creatable_vgpu_types, read_mdev_types
 
 MDEV_BUS = "/sys/class/mdev_bus"
@@ -859,18 +860,7 @@ while [ -n "$pending" ]; do
     done <<EOF
 $pending
 EOF
-    pending=$(printf '%s' "$retry")
-    [ -n "$pending" ] || break
-    if [ "$attempt" -ge "$tries" ]; then
-        echo "gave up after $attempt attempts; parent or type still missing for:" >&2
-        echo "$pending" >&2
-        status=1
-        break
-    fi
-    sleep 2
-done
-exit $status
-"""
+""" + restore_retry_end("parent or type still missing for")
 
 UNIT_TEXT = """[Unit]
 Description=Re-create mediated devices and vGPUs defined by gpuops.sandbox

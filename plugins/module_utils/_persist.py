@@ -385,6 +385,24 @@ class Transaction:
         return done, errors
 
 
+def restore_retry_end(missing):
+    """The end of the retry loop of a boot-time restore script (``gpuops-mdev-restore``, ``gpuops-sriov-restore``):
+    the lines not done yet (``$retry``) are tried again after 2 seconds, up to ``$tries`` attempts, then given up
+    with ``missing`` (what was still absent) and the lines; the script exits with ``$status``."""
+    return """    pending=$(printf '%%s' "$retry")
+    [ -n "$pending" ] || break
+    if [ "$attempt" -ge "$tries" ]; then
+        echo "gave up after $attempt attempts; %s:" >&2
+        echo "$pending" >&2
+        status=1
+        break
+    fi
+    sleep 2
+done
+exit $status
+""" % missing
+
+
 def wants_link_missing(root, link, unit_file):
     """True when the ``multi-user.target.wants`` link ``link`` does not point at ``unit_file``."""
     dest = host_path(root, link)

@@ -27,6 +27,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import find_holders
+from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import restore_retry_end
 
 VIRTFN_RE = re.compile(r"\Avirtfn([0-9]{1,9})\Z")
 
@@ -309,18 +310,7 @@ while [ -n "$pending" ]; do
     done <<END
 $pending
 END
-    pending=$(printf '%s' "$retry")
-    [ -n "$pending" ] || break
-    if [ "$attempt" -ge "$tries" ]; then
-        echo "gave up after $attempt attempts; PF or its driver still missing for:" >&2
-        echo "$pending" >&2
-        status=1
-        break
-    fi
-    sleep 2
-done
-exit $status
-"""
+""" + restore_retry_end("PF or its driver still missing for")
 
 UNIT_TEXT = """[Unit]
 Description=Enable the SR-IOV virtual functions recorded by gpuops.sandbox
