@@ -483,6 +483,15 @@ def kubelab_status(env=None):
     return json.loads(kubelab("status", "--json", check=True, env=env, timeout=120).stdout)
 
 
+def gone(pid):
+    """True when `pid` no longer runs (absent, or a zombie nobody has reaped yet)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 def kubectl(api, *args, check=True, stdin=None, kubeconfig=None, timeout=120):
     """kubectl with the API server's admin kubeconfig (or ``kubeconfig``); AssertionError on failure when ``check``."""
     proc = subprocess.run([os.path.join(api["bin_dir"], "kubectl"), "--kubeconfig", kubeconfig or api["kubeconfig"]]

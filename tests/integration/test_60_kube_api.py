@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import TOP, kubelab, kubelab_status, run
+from conftest import TOP, gone, kubelab, kubelab_status, run
 
 # The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
 pytestmark = pytest.mark.usefixtures("overlap_lab_work")
@@ -224,15 +224,6 @@ def test_the_unauthorised_client_gets_http_403(kube_api, tmp_path):
     # Discovery stays open to every authenticated user, as on a real cluster.
     with urllib.request.urlopen(kube_api["server"] + "/version", context=context, timeout=30) as resp:
         assert json.loads(resp.read())["gitVersion"] == kube_api["versions"]["kubernetes"]
-
-
-def gone(pid):
-    """True when `pid` no longer runs (absent, or a zombie nobody has reaped yet)."""
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def squat(port, timeout=30):

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import TOP, kubelab, kubelab_status, run
+from conftest import TOP, gone, kubelab, kubelab_status, run
 
 # The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
 pytestmark = pytest.mark.usefixtures("overlap_lab_work")
@@ -65,14 +65,6 @@ def start_dirty(env, bin_dir, node):
     status = kubelab_status(env)
     dirty(bin_dir, status["kubeconfig"], node)
     return status
-
-
-def gone(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def nested_session(env):

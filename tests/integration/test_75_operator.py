@@ -31,27 +31,9 @@ import time
 import pytest
 import yaml
 
-from conftest import (
-    TOP,
-    UPSTREAM,
-    UPSTREAM_CHARTS,
-    VENV_PYTHON,
-    VGPU_CONFIG,
-    chart_path_vars,
-    delete_crds,
-    flat,
-    gpu_host_vars,
-    helm,
-    helm_home_env,
-    kfind,
-    kget,
-    kubectl,
-    recaps,
-    restore_cluster_policy,
-    run,
-    timed_playbook,
-    write_inventory,
-)
+from conftest import (TOP, UPSTREAM, UPSTREAM_CHARTS, VENV_PYTHON, VGPU_CONFIG, chart_path_vars, delete_crds, flat,
+                      gpu_host_vars, helm, helm_home_env, kfind, kget, kubectl, recaps, restore_cluster_policy, run,
+                      timed_playbook, write_inventory)
 
 CHARTS = UPSTREAM_CHARTS
 OPERATOR_SOURCE = os.path.join(UPSTREAM, "gpu-operator", "source")

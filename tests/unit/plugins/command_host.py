@@ -12,6 +12,16 @@ directory, so the module's run_command path runs for real and the test machine's
 from __future__ import annotations
 
 import os
+import sys
+
+# The start of a fake command in Python (see CommandHost.python_script): log the call, then the command's body.
+PYTHON_COMMAND_HEAD = r'''#!{python}
+import os, sys
+ROOT = {root!r}
+argv = sys.argv[1:]
+with open(os.path.join(ROOT, "calls.log"), "a") as log:
+    log.write({name!r} + "\t" + "\t".join(argv) + "\n")
+'''
 
 
 class CommandHost:
@@ -51,3 +61,9 @@ class CommandHost:
             handle.write(body)
         os.chmod(full, 0o755)
         return full
+
+    def python_script(self, name, body):
+        """Install the fake command ``name``, a Python script that logs its call to ``calls.log`` (its name and
+        arguments, tab separated) and then runs ``body``, with ``os`` and ``sys`` imported, ``ROOT`` the root
+        and ``argv`` its arguments; return its path."""
+        return self.script(name, PYTHON_COMMAND_HEAD.format(python=sys.executable, root=self.root, name=name) + body)

@@ -234,6 +234,20 @@ def secret_kubeconfig(tmp_path, scenario, server_url):
     return str(path)
 
 
+def check_no_credential_shown(tmp_path, scenario, run):
+    """Through the real client: ``run(kubeconfig_path)`` (a module run returning ``("exit"|"fail", result)``)
+    with the kubeconfig of ``scenario`` for a StubApiServer fails with the scenario's text, and the secret is
+    nowhere in its result."""
+    with StubApiServer() as stub:
+        kind, result = run(secret_kubeconfig(tmp_path, scenario, stub.url))
+    text = json.dumps(result)
+    assert kind == "fail" and SECRET_SCENARIOS[scenario] in result["msg"]
+    assert SECRET not in text and "S3cr3t" not in text and "admin:" not in text and "Invalid header" not in text
+    if SECRET_SCENARIOS[scenario] == "forbidden to":
+        # The token went out without the white space around it, and got as far as the permission check.
+        assert set(stub.authorizations) == {"Bearer " + GOOD_TOKEN}
+
+
 # ---------------------------------------------------------------------------------------------
 # Fuzzing: argument values of every kind, the odd ones included
 # ---------------------------------------------------------------------------------------------

@@ -13,16 +13,9 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _cmdline as cl
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _shellvars as sv
+from ansible_collections.gpuops.sandbox.tests.unit.plugins import grub_files
 
-DEBIAN_GRUB = (
-    "# If you change this file, run 'update-grub' afterwards to update\n"
-    "GRUB_DEFAULT=0\n"
-    "GRUB_TIMEOUT=5\n"
-    "GRUB_DISTRIBUTOR=`( . /etc/os-release; echo ${NAME:-Debian} ) 2>/dev/null || echo Debian`\n"
-    'GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200 intel_iommu=off"\n'
-    'GRUB_CMDLINE_LINUX=""\n'
-    "#GRUB_TERMINAL=console\n"
-)
+DEBIAN_GRUB = grub_files.DEBIAN_GRUB + "#GRUB_TERMINAL=console\n"
 
 
 def args(items, state="present", replace=True):

@@ -143,6 +143,19 @@ def run_with_commands(module, host, params, check=False, diff=False, root_name="
     raise AssertionError("the module returned without calling exit_json or fail_json")
 
 
+def command_runner(module):
+    """The ``run(host, check=False, diff=False, **params)`` of the tests of ``module``: run it on ``host`` with
+    :func:`run_with_commands`; return the result with ``failed`` (False when the run did not fail) and the
+    ``warnings`` it gave."""
+
+    def run(host, check=False, diff=False, **params):
+        result = run_with_commands(module, host, params, check=check, diff=diff)
+        result.setdefault("failed", False)
+        return result
+
+    return run
+
+
 def run_main(module, root, args, check=False, diff=False):
     """Run ``module.main()`` with its ROOT at ``root`` and ``args`` (exit/fail_json patched to raise, see
     raise_on_exit); return ``(result, failed)``."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
@@ -25,15 +24,11 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils import _pci
 from ansible_collections.gpuops.sandbox.plugins.modules import dra_blockers
 
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import raise_on_exit, run_with_commands
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import command_runner, raise_on_exit
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import SysfsTree, remove_process
 
-FAKE_SYSTEMCTL = r'''#!{python}
-import json, os, shutil, sys
-ROOT = {root!r}
-argv = sys.argv[1:]
-with open(os.path.join(ROOT, "calls.log"), "a") as log:
-    log.write("systemctl\t" + "\t".join(argv) + "\n")
+# The body of the fake systemctl (see CommandHost.python_script).
+FAKE_SYSTEMCTL = r'''import json, shutil
 path = os.path.join(ROOT, "systemd.json")
 with open(path) as handle:
     state = json.load(handle)
@@ -48,7 +43,7 @@ if verb == "show":
 if known is None:
     sys.stderr.write("Failed to %s %s: Unit %s not found.\n" % (verb, unit, unit))
     sys.exit(5)
-if unit in state.get("fail", {{}}).get(verb, []):
+if unit in state.get("fail", {}).get(verb, []):
     sys.stderr.write("Job for %s failed because the control process exited with error code.\n" % unit)
     sys.exit(1)
 if verb == "stop":
@@ -91,7 +86,7 @@ class Host(CommandHost):
         self.escape = []
         self.tree.add_process(1, "systemd", {0: "/dev/null"})
         self.tree.write("/proc/1/cgroup", "0::/init.scope\n")
-        self.script("systemctl", FAKE_SYSTEMCTL.format(python=sys.executable, root=self.root))
+        self.python_script("systemctl", FAKE_SYSTEMCTL)
         self.save()
 
     def process(self, pid, comm, fds, cmdline=None, cgroup=None):
@@ -130,10 +125,7 @@ class Host(CommandHost):
         return [c for c in self.calls() if c[0] != "show"]
 
 
-def run(host, check=False, diff=False, **params):
-    result = run_with_commands(dra_blockers, host, params, check=check, diff=diff)
-    result.setdefault("failed", False)
-    return result
+run = command_runner(dra_blockers)
 
 
 @pytest.fixture(autouse=True)

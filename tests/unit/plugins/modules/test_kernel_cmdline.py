@@ -27,16 +27,9 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import TIMEOUT_RC
 from ansible_collections.gpuops.sandbox.plugins.modules import kernel_cmdline
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.grub_files import DEBIAN_GRUB
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import run_with_commands
 
-DEBIAN_GRUB = (
-    "# If you change this file, run 'update-grub' afterwards to update\n"
-    "GRUB_DEFAULT=0\n"
-    "GRUB_TIMEOUT=5\n"
-    "GRUB_DISTRIBUTOR=`( . /etc/os-release; echo ${NAME:-Debian} ) 2>/dev/null || echo Debian`\n"
-    'GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200 intel_iommu=off"\n'
-    'GRUB_CMDLINE_LINUX=""\n'
-)
 UBUNTU_GRUB = (
     "GRUB_DEFAULT=0\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\n"
     "GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\n"

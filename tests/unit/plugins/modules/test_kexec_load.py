@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,19 +25,15 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils import _kexec
 from ansible_collections.gpuops.sandbox.plugins.modules import kexec_load
 
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import raise_on_exit, run_with_commands
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import command_runner, raise_on_exit
 
 UUID = "6f1a2b3c-4d5e-4f60-8172-93a4b5c6d7e8"
 VERSION = "6.1.0-18-amd64"
 OLD_VERSION = "6.1.0-17-amd64"
 ARGS = "root=UUID=%s ro quiet intel_iommu=on iommu=pt" % UUID
 
-FAKE_KEXEC = r'''#!{python}
-import os, sys, time
-ROOT = {root!r}
-argv = sys.argv[1:]
-with open(os.path.join(ROOT, "calls.log"), "a") as log:
-    log.write("kexec\t" + "\t".join(argv) + "\n")
+# The bodies of the fake kexec and grubby (see CommandHost.python_script).
+FAKE_KEXEC = r'''import time
 mode_file = os.path.join(ROOT, "kexec-mode")
 mode = open(mode_file).read().strip() if os.path.exists(mode_file) else "ok"
 file_syscall = "--kexec-file-syscall" in argv
@@ -58,12 +53,7 @@ with open(state, "w") as handle:
     handle.write("0\n" if "--unload" in argv else "1\n")
 '''
 
-FAKE_GRUBBY = r'''#!{python}
-import os, sys
-ROOT = {root!r}
-with open(os.path.join(ROOT, "calls.log"), "a") as log:
-    log.write("grubby\t" + "\t".join(sys.argv[1:]) + "\n")
-if sys.argv[1:] != ["--info=DEFAULT"]:
+FAKE_GRUBBY = r'''if argv != ["--info=DEFAULT"]:
     sys.stderr.write("unexpected arguments\n")
     sys.exit(2)
 if os.path.exists(os.path.join(ROOT, "grubby-fail")):
@@ -189,7 +179,7 @@ class Host(CommandHost):
         super().__init__(base)
         self.write("/sys/kernel/kexec_loaded", "0\n")
         self.write("/proc/sys/kernel/random/boot_id", "0f8b6e1c-3a5d-4f2e-9c7b-1d2e3f4a5b6c\n")
-        self.kexec = self.script("kexec", FAKE_KEXEC.format(python=sys.executable, root=self.root))
+        self.kexec = self.python_script("kexec", FAKE_KEXEC)
 
     def remove(self, path):
         os.unlink(self.path(path))
@@ -211,14 +201,10 @@ class Host(CommandHost):
 
     def grubby(self, info=GRUBBY_INFO):
         self.write("/grubby-info", info)
-        return self.script("grubby", FAKE_GRUBBY.format(python=sys.executable, root=self.root))
+        return self.python_script("grubby", FAKE_GRUBBY)
 
 
-def run(host, check=False, diff=False, **params):
-    """Run the module on ``host``; return the result with ``failed`` and the ``warnings`` it gave."""
-    result = run_with_commands(kexec_load, host, params, check=check, diff=diff)
-    result.setdefault("failed", False)
-    return result
+run = command_runner(kexec_load)
 
 
 @pytest.fixture(autouse=True)
