@@ -12,38 +12,41 @@ Before anything starts, every device is checked on the host: a PCI function must
 group, and no process may hold the device's VFIO nodes (``/dev/vfio/<group>``, ``/dev/vfio/devices/vfioN``).
 A refused device is never handed to QEMU.
 
-Then one QEMU process is started with the accepted devices as ``-device vfio-pci`` (each at a fixed slot of
-the guest's root bus, ``id=gpuopsN``), in a private temporary directory:
+Then QEMU runs once with the accepted devices as ``-device vfio-pci`` (each at a fixed slot of the guest's
+root bus, ``id=gpuopsN``), through the collection's command runner (``_module.run_timed``: ``module.run_command``
+under ``timeout --kill-after``); the module waits for it to exit:
 
-- ``paused``: with ``-S`` (no guest code runs); the module asks QEMU over QMP (a unix socket in the directory)
-  what the guest's PCI bus holds (``query-pci``) and quits it;
-- ``boot``: a kernel and an initramfs (by default the host's kernel and an initramfs made here from a static
-  busybox) boot; the guest's ``/init`` prints every PCI function it sees on the serial console (a file in the
-  directory), between markers, and powers off.
+- ``paused``: with ``-S`` (no guest code runs) and QMP on QEMU's standard input and output (``-qmp stdio``). Its
+  standard input is ``qmp_capabilities``, ``query-pci`` and ``quit``, one command a line; QEMU answers them in
+  order on its standard output once it has realized the devices (what the guest's PCI bus holds), then exits.
+  A device QEMU cannot realize makes it exit with an error naming the device, before any answer.
+- ``boot``: a kernel and an initramfs (by default the host's kernel and an initramfs made here, in a private
+  temporary directory, from a static busybox) boot; the guest's ``/init`` prints every PCI function it sees on
+  the serial console (QEMU's standard output), between markers, and powers off, and QEMU exits (``-no-reboot``).
 
-Whatever happens (a QEMU error, a timeout, a bug), the QEMU process this module started, and only that one
-(its ``Popen``), is killed when it has not ended, and the directory is removed. QEMU is also started with the
-parent-death signal set to SIGKILL, so it cannot outlive the module.
+A QEMU still running at the time limit (the ``timeout`` option) gets SIGTERM from timeout(1), and SIGKILL
+``KILL_AFTER`` seconds later; nothing else stops it. The temporary directory is removed whatever happens.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import fcntl
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import stat
 import struct
-import subprocess
 import tempfile
 import time
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, check_range, check_timeout
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
+    TIMED_OUT_RCS,
+    GpuopsError,
+    check_range,
+    check_timeout,
+    run_timed,
+)
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     MAX_WAIT,
     SysfsError,
@@ -77,11 +80,14 @@ DEVICE_ID = "gpuops%d"
 KVM_GET_API_VERSION = 0xAE00
 KVM_CREATE_VM = 0xAE01
 KVM_API_VERSION = 12
-PR_SET_PDEATHSIG = 1
-# Seconds QEMU gets to leave after "quit" or the guest's device list before it is killed, and after SIGKILL.
-QUIT_GRACE = 10
-KILL_WAIT = 30
-POLL = 0.05
+# Seconds a QEMU gets to exit after timeout(1)'s SIGTERM at the time limit before SIGKILL.
+KILL_AFTER = 10
+# The paused guest's QMP session, QEMU's whole standard input: one command a line, answered in order.
+QMP_COMMANDS = ("qmp_capabilities", "query-pci", "quit")
+QMP_INPUT = "".join(json.dumps({"execute": name}, separators=(",", ":")) + "\n" for name in QMP_COMMANDS)
+# The booting guest's serial console goes to QEMU's standard output, which QEMU opens as a file; QEMU then never
+# reads its standard input.
+SERIAL_TO_STDOUT = "file:/dev/stdout"
 OUTPUT_LIMIT = 4000
 CONSOLE_LINES = 40
 
@@ -113,20 +119,6 @@ _PCI_LINE_RE = re.compile(r"%s ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.
 
 class GuestError(GpuopsError):
     """The proof could not be run as asked (bad input, no QEMU, no kernel); ``msg`` says why and what is accepted."""
-
-
-class _QmpClosed(GpuopsError):
-    """QEMU closed the QMP connection (it exited); caught inside this file."""
-
-    def __init__(self):
-        super().__init__("QEMU closed its QMP connection")
-
-
-class _Timeout(GpuopsError):
-    """The deadline passed; caught inside this file."""
-
-    def __init__(self):
-        super().__init__("the guest did not answer in time")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,8 +372,9 @@ def build_initramfs(busybox, path):
     return path
 
 
-def boot_files(params, get_bin_path, workdir, root="/", release=None):
-    """``(kernel, initrd)`` of a boot: the given ones, or the host's running kernel and an initramfs made here."""
+def boot_files(params, get_bin_path, root="/", release=None):
+    """``(kernel, initrd, busybox)`` of a boot: the kernel image (the given one or the host's running kernel's),
+    the given initramfs or None, and the static busybox to make one from (None when an initramfs is given)."""
     kernel = params["kernel"] or "/boot/vmlinuz-%s" % (release or os.uname().release)
     kernel_path = host_path(root, kernel)
     if not os.path.isfile(kernel_path):
@@ -392,12 +385,12 @@ def boot_files(params, get_bin_path, workdir, root="/", release=None):
         if not os.path.isfile(initrd):
             raise GuestError("initrd %s is not a file; give the path of an initramfs on the host, or leave it out to "
                              "have one made from a static busybox; nothing was started" % params["initrd"])
-        return kernel_path, initrd
+        return kernel_path, initrd, None
     busybox = get_bin_path("busybox")
     if not busybox:
         raise GuestError("mode=boot needs busybox (static) for the guest's initramfs and none is on PATH; install it "
                          "(Debian/Ubuntu: busybox-static) or give initrd; nothing was started")
-    return kernel_path, build_initramfs(busybox, os.path.join(workdir, "initrd.cpio"))
+    return kernel_path, None, busybox
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,13 +405,19 @@ def guest_address(index):
     return "0000:00:%02x.0" % guest_slot(index)
 
 
-def qemu_argv(qemu, reports, mode, accel, memory_mb, workdir, kernel=None, initrd=None):
-    """QEMU's arguments: a q35 machine with nothing but the accepted devices (``reports`` without a problem)."""
+def qemu_argv(qemu, reports, mode, accel, memory_mb, kernel=None, initrd=None):
+    """QEMU's arguments: a q35 machine with nothing but the accepted devices (``reports`` without a problem).
+
+    Paused: QMP on QEMU's standard input and output (``-qmp stdio``) and nothing else there. Boot: the serial
+    console on QEMU's standard output; QEMU never reads its standard input then (``-serial stdio`` would, and would
+    put a terminal there into raw mode).
+    """
     argv = [qemu, "-name", "gpuops-guest-probe", "-nodefaults", "-no-user-config", "-display", "none",
             "-machine", "q35", "-accel", accel, "-m", str(memory_mb), "-smp", "1"]
     if accel == "kvm":
         argv += ["-cpu", "host"]
-    argv += ["-qmp", "unix:%s,server=on,wait=off" % os.path.join(workdir, "qmp.sock")]
+    if mode == "paused":
+        argv += ["-qmp", "stdio"]
     for index, report in enumerate(reports):
         if report["problem_kind"] is not None:
             continue
@@ -429,143 +428,46 @@ def qemu_argv(qemu, reports, mode, accel, memory_mb, workdir, kernel=None, initr
     if mode == "paused":
         argv.append("-S")
     else:
-        argv += ["-kernel", kernel, "-initrd", initrd, "-append", GUEST_APPEND,
-                 "-serial", "file:%s" % os.path.join(workdir, "console.log"), "-no-reboot"]
+        argv += ["-kernel", kernel, "-initrd", initrd, "-append", GUEST_APPEND, "-serial", SERIAL_TO_STDOUT,
+                 "-no-reboot"]
     return argv
 
 
-def _parent_death_signal():
-    """A preexec function giving the child SIGKILL when the module dies, or None where prctl is not there."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (AttributeError, OSError):
-        return None
+def qmp_replies(text):
+    """QEMU's replies on its QMP output, in order: every JSON object that is neither the greeting nor an event.
 
-    def preexec():
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    return preexec
-
-
-class Qemu:
-    """The one QEMU process of a proof: started from an argument list, its output in a file, stopped by pid."""
-
-    def __init__(self, argv, workdir):
-        self.argv = argv
-        self.workdir = workdir
-        self.log_path = os.path.join(workdir, "qemu.log")
-        self.proc = None
-        self.end = None
-        self.stuck = False
-
-    def start(self):
-        with open(self.log_path, "wb") as log:
-            # The argument list runs as it is, never through a shell; stdin is closed. The preexec function makes
-            # one prctl call (the module runs no other thread).
-            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with,subprocess-popen-preexec-fn
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                close_fds=True, start_new_session=True, preexec_fn=_parent_death_signal(),
-                env=dict(os.environ, LC_ALL="C"))
-        return self.proc.pid
-
-    def running(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait(self, seconds):
-        """Whether the process ended within ``seconds``."""
+    A last line without its newline (QEMU was stopped while writing it) is left out; any other line that is not
+    JSON is an error.
+    """
+    lines = text.split("\n")
+    replies = []
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
         try:
-            self.proc.wait(timeout=max(seconds, 0))
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-
-    def stop(self):
-        """Kill the process when it still runs (SIGKILL to its pid, nothing else) and reap it."""
-        if not self.running():
-            return
-        self.proc.kill()
-        self.end = self.end or "killed"
-        if not self.wait(KILL_WAIT):
-            self.stuck = True
-
-    def output(self):
-        try:
-            with open(self.log_path, "rb") as handle:
-                text = handle.read().decode("utf-8", "replace")
-        except (IOError, OSError):
-            return ""
-        return text if len(text) <= OUTPUT_LIMIT else "..." + text[-OUTPUT_LIMIT:]
+            message = json.loads(line)
+        except ValueError:
+            if number == len(lines) - 1:
+                break
+            raise GuestError("QEMU's QMP output (its standard output) has a line that is not JSON: %r"
+                             % line.strip()[:200]) from None
+        if isinstance(message, dict) and "event" not in message and "QMP" not in message:
+            replies.append(message)
+    return replies
 
 
-class Qmp:
-    """A QMP client on QEMU's unix socket: one command at a time, events skipped."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.buffer = b""
-
-    @classmethod
-    def connect(cls, path, qemu, deadline):
-        """Connect once QEMU listens; _QmpClosed when QEMU exits first, _Timeout at the deadline."""
-        while True:
-            if not qemu.running():
-                raise _QmpClosed()
-            if time.monotonic() >= deadline:
-                raise _Timeout()
-            if os.path.exists(path):
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    sock.connect(path)
-                    return cls(sock)
-                except OSError as exc:
-                    sock.close()
-                    if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN):
-                        raise
-            time.sleep(POLL)
-
-    def close(self):
-        self.sock.close()
-
-    def message(self, deadline):
-        """The next message that is not an event."""
-        while True:
-            while b"\n" in self.buffer:
-                line, self.buffer = self.buffer.split(b"\n", 1)
-                if not line.strip():
-                    continue
-                try:
-                    message = json.loads(line.decode("utf-8", "replace"))
-                except ValueError:
-                    raise GuestError("QEMU's QMP socket sent something that is not JSON: %r" % line[:200]) from None
-                if isinstance(message, dict) and "event" not in message:
-                    return message
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _Timeout()
-            self.sock.settimeout(remaining)
-            try:
-                data = self.sock.recv(65536)
-            except socket.timeout:
-                raise _Timeout() from None
-            except OSError as exc:
-                if exc.errno in (errno.ECONNRESET, errno.EPIPE):
-                    raise _QmpClosed() from exc
-                raise
-            if not data:
-                raise _QmpClosed()
-            self.buffer += data
-
-    def command(self, name, deadline):
-        try:
-            self.sock.sendall(json.dumps({"execute": name}).encode("ascii") + b"\n")
-        except OSError as exc:
-            if exc.errno in (errno.ECONNRESET, errno.EPIPE):
-                raise _QmpClosed() from exc
-            raise
-        reply = self.message(deadline)
+def paused_functions(text):
+    """The guest's PCI functions from QEMU's answers to QMP_COMMANDS, or None when no answer to ``query-pci`` came;
+    GuestError when QEMU refused a command."""
+    replies = qmp_replies(text)
+    for name, reply in zip(QMP_COMMANDS, replies):
         if "error" in reply:
             error = reply["error"] if isinstance(reply["error"], dict) else {}
             raise GuestError("QEMU refused the QMP command %s: %s" % (name, error.get("desc") or reply["error"]))
-        return reply.get("return")
+    answer = QMP_COMMANDS.index("query-pci")
+    if len(replies) <= answer:
+        return None
+    return flatten_query_pci(replies[answer].get("return"))
 
 
 def _hex4(value):
@@ -611,75 +513,18 @@ def parse_console(text):
     return functions, MARK_END in text
 
 
-def console_tail(path):
-    try:
-        with open(path, "rb") as handle:
-            text = handle.read().decode("utf-8", "replace").replace("\r", "")
-    except (IOError, OSError):
-        return None
-    return "\n".join(text.splitlines()[-CONSOLE_LINES:])
+def console_tail(text):
+    """The last CONSOLE_LINES lines of the guest's serial console."""
+    return "\n".join(text.replace("\r", "").splitlines()[-CONSOLE_LINES:])
 
 
-def _read(path):
-    try:
-        with open(path, "rb") as handle:
-            return handle.read().decode("utf-8", "replace")
-    except (IOError, OSError):
-        return ""
-
-
-def run_paused(qemu, workdir, deadline):
-    """Ask the paused guest's QEMU for its PCI functions; ``(functions, error)``."""
-    try:
-        qmp = Qmp.connect(os.path.join(workdir, "qmp.sock"), qemu, deadline)
-    except _QmpClosed:
-        return None, "exited"
-    try:
-        qmp.message(deadline)   # the greeting
-        qmp.command("qmp_capabilities", deadline)
-        functions = flatten_query_pci(qmp.command("query-pci", deadline))
-        try:
-            qmp.command("quit", min(deadline, time.monotonic() + QUIT_GRACE))
-        except (_QmpClosed, _Timeout):
-            pass
-        if qemu.wait(min(deadline - time.monotonic(), QUIT_GRACE)):
-            qemu.end = "quit"
-        return functions, None
-    except _QmpClosed:
-        qemu.wait(QUIT_GRACE)
-        return None, "exited"
-    finally:
-        qmp.close()
-
-
-def run_boot(qemu, workdir, deadline):
-    """Read the booting guest's console until its device list ends; ``(functions, error)``."""
-    console = os.path.join(workdir, "console.log")
-    while True:
-        functions, complete = parse_console(_read(console))
-        if complete:
-            if qemu.wait(min(deadline - time.monotonic(), QUIT_GRACE)):
-                qemu.end = "poweroff"
-            return functions, None
-        if not qemu.running():
-            return None, "exited"
-        if time.monotonic() >= deadline:
-            raise _Timeout()
-        time.sleep(POLL * 10)
+def _tail(text):
+    return text if len(text) <= OUTPUT_LIMIT else "..." + text[-OUTPUT_LIMIT:]
 
 
 # ---------------------------------------------------------------------------------------------
 # The proof
 # ---------------------------------------------------------------------------------------------
-
-def _workdir():
-    """A private directory (mode 0700) whose QMP socket path fits a unix socket address."""
-    workdir = tempfile.mkdtemp(prefix="gpuops-guest-")
-    if len(os.path.join(workdir, "qmp.sock")) > 100:
-        os.rmdir(workdir)
-        workdir = tempfile.mkdtemp(prefix="gpuops-guest-", dir="/tmp")
-    return workdir
-
 
 def _qemu_lines(text):
     return [line.strip() for line in text.splitlines() if line.strip()]
@@ -707,7 +552,7 @@ def assign_results(reports, functions, mode, error, qemu_text, rc, timed_out, ti
             continue
         if timed_out:
             report["problem_kind"] = "timeout"
-            report["problem"] = ("the guest did not %s within %d seconds (timeout); QEMU was killed"
+            report["problem"] = ("the guest did not %s within %d seconds (timeout); QEMU was stopped then"
                                  % ("answer over QMP" if mode == "paused" else "print its device list", timeout))
             continue
         named = [line for line in lines if re.search(r"id=%s(?![0-9])" % (DEVICE_ID % index), line)]
@@ -723,14 +568,34 @@ def assign_results(reports, functions, mode, error, qemu_text, rc, timed_out, ti
                                  % (rc, "; ".join(lines[-5:]) or "it printed nothing"))
 
 
-def prove(params, get_bin_path, root="/", release=None, warn=None):
+def run_qemu(module, argv, mode, timeout):
+    """Run QEMU once through run_timed, bounded by ``timeout``; ``(rc, out, err, seconds, timed_out)``.
+
+    Paused: QMP_INPUT is QEMU's standard input, so QEMU answers the commands in order once it has realized the
+    devices and then quits. Boot: QEMU exits by itself when the guest powers off (``-no-reboot``).
+    timeout(1) ends a QEMU that is still running at ``timeout`` seconds. An exit status that timeout(1) gives
+    for that counts as a timeout only when the time has passed: SIGKILL from elsewhere (the OOM killer) is an exit.
+    """
+    begun = time.monotonic()
+    rc, out, err = run_timed(module, argv, timeout, option="timeout", kill_after=KILL_AFTER,
+                             data=QMP_INPUT if mode == "paused" else None)
+    seconds = time.monotonic() - begun
+    return rc, out, err, round(seconds, 2), rc in TIMED_OUT_RCS and seconds >= timeout
+
+
+def prove(module, root="/", release=None):
     """The module's work: the result dict (``changed`` false); GuestError for inputs that cannot run at all."""
+    params = module.params
     options = check_params(params)
-    qemu_path = find_qemu(options["qemu"], get_bin_path, root)
+    qemu_path = find_qemu(options["qemu"], module.get_bin_path, root)
+    if not module.get_bin_path("timeout"):
+        raise GuestError("timeout (coreutils) is not on PATH; it ends QEMU at the time limit (timeout); install "
+                         "coreutils; nothing was started")
     accel, accel_reason = choose_accel(options["accel"], root)
     reports = device_checks(options["devices"], options["mdevs"], root)
-    result = {"changed": False, "mode": options["mode"], "qemu": qemu_path, "accel": accel,
-              "accel_reason": accel_reason, "memory_mb": options["memory_mb"], "started": False, "qemu_pid": None,
+    mode = options["mode"]
+    result = {"changed": False, "mode": mode, "qemu": qemu_path, "accel": accel,
+              "accel_reason": accel_reason, "memory_mb": options["memory_mb"], "started": False,
               "qemu_rc": None, "qemu_end": None, "qemu_error": None, "qemu_output": None, "qemu_command": None,
               "guest_functions": [], "console_tail": None, "seconds": 0.0}
     refused = [r for r in reports if r["problem_kind"] is not None]
@@ -738,51 +603,48 @@ def prove(params, get_bin_path, root="/", release=None, warn=None):
         return _finish(result, reports, params)
     if len(refused) == len(reports):
         return _finish(result, reports, params)
-    workdir = _workdir()
-    qemu = None
-    begun = time.monotonic()
+    workdir = None
     try:
         kernel = initrd = None
-        if options["mode"] == "boot":
-            kernel, initrd = boot_files(options, get_bin_path, workdir, root, release)
-        argv = qemu_argv(qemu_path, reports, options["mode"], accel, options["memory_mb"], workdir, kernel, initrd)
+        if mode == "boot":
+            kernel, initrd, busybox = boot_files(options, module.get_bin_path, root, release)
+            if initrd is None:
+                # The only file the probe makes; the directory is removed whatever happens.
+                workdir = tempfile.mkdtemp(prefix="gpuops-guest-")
+                initrd = build_initramfs(busybox, os.path.join(workdir, "initrd.cpio"))
+        argv = qemu_argv(qemu_path, reports, mode, accel, options["memory_mb"], kernel, initrd)
         result["qemu_command"] = argv
-        qemu = Qemu(argv, workdir)
-        begun = time.monotonic()
-        deadline = begun + options["timeout"]
-        result["qemu_pid"] = qemu.start()
         result["started"] = True
-        timed_out = False
-        try:
-            if options["mode"] == "paused":
-                functions, error = run_paused(qemu, workdir, deadline)
-            else:
-                functions, error = run_boot(qemu, workdir, deadline)
-        except _Timeout:
-            functions, error, timed_out = None, "timeout", True
-        qemu.stop()
-        result["seconds"] = round(time.monotonic() - begun, 2)
-        text = qemu.output()
-        result["qemu_output"] = text
-        result["qemu_rc"] = qemu.proc.returncode
-        if error == "exited":
-            qemu.end = "exited"
-            if qemu.proc.returncode != 0 or options["mode"] == "paused":
-                result["qemu_error"] = (text.strip()
-                                        or "QEMU exited with rc %s and printed nothing" % qemu.proc.returncode)
-        result["qemu_end"] = qemu.end
-        if options["mode"] == "boot":
-            result["console_tail"] = console_tail(os.path.join(workdir, "console.log"))
-        result["guest_functions"] = [dict((k, v) for k, v in f.items() if k != "qdev_id") for f in functions or []]
-        assign_results(reports, functions, options["mode"], error, text, qemu.proc.returncode, timed_out,
-                       options["timeout"])
-        if qemu.stuck and warn is not None:
-            warn("QEMU (pid %d) did not exit within %d seconds of SIGKILL; it is stuck in the kernel (a device "
-                 "reset?) and may still hold its devices" % (qemu.proc.pid, KILL_WAIT))
+        run = run_qemu(module, argv, mode, options["timeout"])
     finally:
-        if qemu is not None:
-            qemu.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    rc, out, err, result["seconds"], timed_out = run
+    result["qemu_rc"] = rc
+    result["qemu_output"] = _tail(err)
+    if mode == "paused":
+        functions = paused_functions(out)
+        ended = "quit"
+    else:
+        functions, complete = parse_console(out)
+        functions = functions if complete else None
+        ended = "poweroff"
+        result["console_tail"] = console_tail(out)
+    if functions is not None:
+        error = None
+        result["qemu_end"] = "killed" if timed_out else ended
+        if timed_out:
+            module.warn("the guest %s, but QEMU did not exit afterwards; timeout(1) stopped it at the time limit "
+                        "(timeout=%d)" % ("answered over QMP" if mode == "paused" else "printed its device list",
+                                          options["timeout"]))
+    elif timed_out:
+        error, result["qemu_end"] = "timeout", "killed"
+    else:
+        error, result["qemu_end"] = "exited", "exited"
+        if rc != 0 or mode == "paused":
+            result["qemu_error"] = _tail(err).strip() or "QEMU exited with rc %s and printed nothing" % rc
+    result["guest_functions"] = [dict((k, v) for k, v in f.items() if k != "qdev_id") for f in functions or []]
+    assign_results(reports, functions, mode, error, err, rc, timed_out, options["timeout"])
     return _finish(result, reports, params)
 
 

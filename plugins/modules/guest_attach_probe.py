@@ -18,17 +18,20 @@ description:
     M(gpuops.sandbox.vfio_probe) infers from the VFIO calls, that a VM can start with the device.
   - The guest is a q35 machine with nothing else (C(-nodefaults -display none)); each device goes to its own slot
     of the guest's root bus from C(00:08.0) on, in the order given (O(devices), then O(mdevs)).
-  - With O(mode=paused), QEMU starts with C(-S), so no guest code runs. QEMU has realized the devices (opened
-    the VFIO group, mapped the guest's memory for DMA, read the configuration space) when the module asks it over
-    QMP, on a unix socket in a private temporary directory, for the guest's PCI bus (C(qmp_capabilities),
-    C(query-pci)). Then it sends C(quit).
+  - QEMU runs once, as a command of the module (C(timeout --kill-after=10 <timeout> qemu-system-x86_64 ...)), and
+    the module waits for it to exit.
+  - With O(mode=paused), QEMU starts with C(-S), so no guest code runs, and with QMP on its standard input and
+    output (C(-qmp stdio)). Its standard input is the three QMP commands C(qmp_capabilities), C(query-pci) and
+    C(quit). QEMU answers them, in order, once it has realized the devices (opened the VFIO group, mapped the
+    guest's memory for DMA, read the configuration space); the answer to C(query-pci) is the guest's PCI bus.
+    Then QEMU exits.
   - With O(mode=boot), the guest boots a kernel and an initramfs. The defaults are the host's running kernel,
-    C(/boot/vmlinuz-<release>), and a small initramfs made from the host's static C(busybox) whose C(/init)
-    mounts sysfs, prints one line per PCI function on the serial console and powers the guest off. The module
-    reads the console (a file in the temporary directory) for those lines. Each line is C(GPUOPS-PCI <address>
-    <vendor> <device> <class> [tty ports]), between C(GPUOPS-GUEST-BEGIN) and C(GPUOPS-GUEST-END). The tty
-    ports are those of a serial function, such as the ports of the kernel's C(mtty) sample. An O(initrd) of your
-    own must print the same lines.
+    C(/boot/vmlinuz-<release>), and a small initramfs, made in a private temporary directory from the host's
+    static C(busybox), whose C(/init) mounts sysfs, prints one line per PCI function on the serial console and
+    powers the guest off; QEMU then exits (C(-no-reboot)). The serial console is QEMU's standard output, which
+    the module reads for those lines. Each line is C(GPUOPS-PCI <address> <vendor> <device> <class> [tty ports]),
+    between C(GPUOPS-GUEST-BEGIN) and C(GPUOPS-GUEST-END). The tty ports are those of a serial function, such as
+    the ports of the kernel's C(mtty) sample. An O(initrd) of your own must print the same lines and power off.
   - Before anything starts, each device is checked on the host. A PCI function must exist, be bound to a VFIO
     driver (C(vfio-pci) or a vendor C(*_vfio_pci) driver) and have an IOMMU group. A mediated device must exist
     and have an IOMMU group. A device whose VFIO nodes (C(/dev/vfio/<group>), C(/dev/vfio/devices/vfioN)) a process
@@ -36,10 +39,11 @@ description:
     never handed to QEMU.
   - When QEMU refuses a device (an IOMMU group that is not viable, a device it cannot reset, too little lockable
     memory, ...) its own error text is reported for that device.
-  - Changes nothing persistent on the host. The QEMU process this module started, and only that one, is killed
-    when it has not ended by itself (after an error, at O(timeout), or when the guest does not power off), and the
-    temporary directory is removed. QEMU also gets SIGKILL when the module's process dies. Opening a device makes
-    its VFIO driver enable and reset it, as each VM start does.
+  - Changes nothing persistent on the host. A QEMU still running at O(timeout) (one that hangs, or whose guest
+    does not power off) is stopped by C(timeout) (coreutils) with SIGTERM, and SIGKILL 10 seconds later; nothing
+    else stops it, so if the module's own process dies first, QEMU runs on until it exits or reaches O(timeout).
+    The temporary directory is removed. Opening a device makes its VFIO driver enable and reset it, as each VM
+    start does.
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
@@ -86,8 +90,10 @@ options:
     type: int
   timeout:
     description:
-      - Seconds, 1 to 3600, from QEMU's start until the guest has answered (paused) or printed its device list
-        (boot). QEMU is killed then and each device is reported with C(problem_kind=timeout).
+      - Seconds, 1 to 3600, that QEMU may run, from its start until it has answered and quit (paused) or the guest
+        has powered off (boot). A QEMU still running then is stopped (see the description). Each device the guest
+        had not reported by then is reported with C(problem_kind=timeout); when the guest had already reported
+        its devices, they are reported as seen and the module warns that QEMU did not exit.
     type: int
     default: 300
   kernel:
@@ -97,8 +103,9 @@ options:
     type: str
   initrd:
     description:
-      - With O(mode=boot), the guest's initramfs on the host (an absolute path). By default one is made in the
-        temporary directory from the host's static C(busybox) (Debian and Ubuntu package C(busybox-static)).
+      - With O(mode=boot), the guest's initramfs on the host (an absolute path). By default one is made in a
+        private temporary directory from the host's static C(busybox) (Debian and Ubuntu package
+        C(busybox-static)).
     type: str
   fail_on_problem:
     description:
@@ -109,7 +116,8 @@ options:
     type: bool
     default: true
 notes:
-  - Needs root (the VFIO nodes are root's and VFIO pins the guest's memory).
+  - Needs root (the VFIO nodes are root's and VFIO pins the guest's memory), and C(timeout) (coreutils) on
+    C(PATH).
   - Check mode runs the same probe, as M(gpuops.sandbox.vfio_probe) does; it changes nothing persistent on the
     host in either mode.
   - Under software emulation (no usable KVM, for example in a VM without nested virtualisation) O(mode=paused)
@@ -243,7 +251,7 @@ started:
   type: bool
   sample: true
 seconds:
-  description: Wall time from QEMU's start until it was gone; 0 when it was not started.
+  description: Wall time from QEMU's start until it had exited; 0 when it was not started.
   returned: always
   type: float
   sample: 1.4
@@ -253,21 +261,18 @@ qemu_command:
   type: list
   elements: str
   sample: [/usr/bin/qemu-system-x86_64, -name, gpuops-guest-probe, -nodefaults]
-qemu_pid:
-  description: The process id of the QEMU this module started, or null.
-  returned: always
-  type: int
-  sample: 4711
 qemu_rc:
-  description: QEMU's exit status (negative for a signal, -9 when it was killed), or null.
+  description: >-
+    QEMU's exit status, or null when it was not started. When QEMU was stopped at O(timeout), C(timeout)'s:
+    124 when QEMU ended on SIGTERM, 137 or -9 when it needed SIGKILL.
   returned: always
   type: int
   sample: 0
 qemu_end:
   description: >-
-    How QEMU ended, or null: C(quit) (answered C(quit), paused mode), C(poweroff) (the guest powered off after its
-    device list), C(exited) (by itself before the guest ran, or the guest stopped early), C(killed) (by this module
-    at O(timeout) or when it did not end after the list).
+    How QEMU ended, or null: C(quit) (exited after its answers, paused mode), C(poweroff) (exited after the
+    guest's device list, boot mode), C(exited) (by itself before the guest ran, or the guest stopped early),
+    C(killed) (stopped at O(timeout), with or without the guest's answer or list).
   returned: always
   type: str
   sample: quit
@@ -277,12 +282,14 @@ qemu_error:
   type: str
   sample: null
 qemu_output:
-  description: What QEMU printed (its last 4000 characters), warnings included; null when it was not started.
+  description: >-
+    What QEMU printed on its standard error (its last 4000 characters): its messages and warnings, and a line
+    saying when it was stopped at O(timeout); null when it was not started.
   returned: always
   type: str
   sample: ""
 console_tail:
-  description: With O(mode=boot), the last 40 lines of the guest's serial console; else null.
+  description: With O(mode=boot), the last 40 lines of the guest's serial console (QEMU's standard output); else null.
   returned: always
   type: str
   sample: null
@@ -330,7 +337,7 @@ def build_module():
 
 def probe(module, root="/", release=None):
     """The module's body."""
-    return prove(module.params, module.get_bin_path, root, release, warn=module.warn)
+    return prove(module, root, release)
 
 
 def main():

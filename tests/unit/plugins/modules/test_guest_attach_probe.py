@@ -5,14 +5,18 @@
 
 """guest_attach_probe on fake hosts with a fake QEMU.
 
-The fake QEMU is a real process the module starts (a script in the fake bin directory, found through
-``get_bin_path``): in paused mode it serves QMP on the module's unix socket (greeting, an event, then the answers
-to ``qmp_capabilities``, ``query-pci`` built from its ``-device`` arguments, and ``quit``); in boot mode it writes
-the guest's console lines to the ``-serial file:`` path. The file ``fake-qemu.json`` beside it says how it
-behaves (``error``: QEMU's error text and rc 1; ``hang``: it never answers; ``no-quit``: it ignores ``quit``;
-``panic``: the guest stops before its list). It records its arguments and pid, so the tests see what ran and that
-the process is gone afterwards. The guest's real view is the lab's part (tests/integration/targets/
-guest_attach_probe).
+The fake QEMU is a real process the module runs (a script in the fake bin directory, found through
+``get_bin_path``, run under the real timeout(1)), speaking on its standard input and output as QEMU does: in
+paused mode (``-qmp stdio``) it prints the QMP greeting, then reads one command a line from its standard input and
+answers each in order (an event, then the answers to ``qmp_capabilities``, ``query-pci`` built from its
+``-device`` arguments, and ``quit``, after which it exits; without ``quit`` it stays, as a paused QEMU does); in
+boot mode it writes the guest's console lines to the ``-serial file:`` path (``/dev/stdout``) and exits, as QEMU
+does when the guest powers off under ``-no-reboot``. The file ``fake-qemu.json`` beside it says how it behaves
+(``error``: QEMU's error text on stderr and rc 1; ``hang``: it never answers; ``no-quit``: it answers ``quit``
+but stays; ``no-poweroff``: the guest prints its list but does not power off; ``panic``: the guest stops before
+its list; ``sigkill``: it is killed at once, as by the OOM killer). It records its arguments, pid and standard
+input, so the tests see what ran and that the process is gone afterwards. The guest's real view is the lab's part
+(tests/integration/targets/guest_attach_probe).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import tempfile
 import pytest
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _guest_probe as gp
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _module
 from ansible_collections.gpuops.sandbox.plugins.modules import guest_attach_probe
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
@@ -36,9 +41,10 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harnes
 
 UUID = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 RELEASE = "6.1.0-18-amd64"
+QMP_STDIN = b'{"execute":"qmp_capabilities"}\n{"execute":"query-pci"}\n{"execute":"quit"}\n'
 
 FAKE_QEMU = r'''#!{python}
-import json, os, socket, sys, time
+import json, os, signal, sys, time
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "fake-qemu.json")) as handle:
     plan = json.load(handle)
@@ -46,82 +52,96 @@ argv = sys.argv[1:]
 with open(os.path.join(HERE, "qemu-argv.json"), "w") as handle:
     json.dump({{"argv": argv, "pid": os.getpid()}}, handle)
 behaviour = plan.get("behaviour", "answer")
+
+
+def send(message):
+    # Unbuffered, as QEMU writes its character devices.
+    os.write(1, (json.dumps(message) + "\r\n").encode())
+
+
+paused = "-kernel" not in argv
+if paused:
+    if argv[argv.index("-qmp") + 1] != "stdio":
+        sys.exit("fake qemu: QMP is not on stdio: %r" % argv)
+    # QEMU greets before it realizes the devices.
+    send({{"QMP": {{"version": {{"qemu": {{"major": 7, "minor": 2, "micro": 22}}}}, "capabilities": ["oob"]}}}})
 if behaviour == "error":
     sys.stderr.write(plan["stderr"])
     sys.exit(1)
-sock_path = [a for a in argv if a.startswith("unix:")][0][5:].split(",")[0]
-server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-server.bind(sock_path)
-server.listen(1)
+if behaviour == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
 devices = []
 for index, arg in enumerate(argv):
     if argv[index - 1] == "-device":
         opts = dict(part.split("=", 1) for part in arg.split(",")[1:])
         source = opts.get("host") or opts["sysfsdev"].rsplit("/", 1)[-1]
         devices.append((source, opts["id"], int(opts["addr"], 16)))
-if "-kernel" in argv:
+if not paused:
     initrd = argv[argv.index("-initrd") + 1]
     if plan.get("keep_initrd"):
         with open(initrd, "rb") as src, open(plan["keep_initrd"], "wb") as dst:
             dst.write(src.read())
-    console = [a for a in argv if a.startswith("file:")][0][5:]
-    with open(console, "w") as out:
-        out.write("[    0.000000] Linux version 6.1.0\r\n")
-        if behaviour == "panic":
-            out.write("Kernel panic - not syncing: VFS: Unable to mount root fs\r\n")
-            sys.exit(0)
-        out.write("GPUOPS-GUEST-BEGIN\r\n")
-        out.write("GPUOPS-PCI 0000:00:00.0 0x8086 0x29c0 0x060000 \r\n")
-        for source, qdev, slot in devices:
-            vendor, device, klass, ttys = plan["ids"][source]
-            out.write("GPUOPS-PCI 0000:00:%02x.0 0x%04x 0x%04x 0x%06x %s\r\n" % (slot, vendor, device, klass,
-                                                                              " ".join(ttys)))
-        if behaviour != "hang":
-            out.write("GPUOPS-GUEST-END\r\n")
+    serial = argv[argv.index("-serial") + 1]
+    if not serial.startswith("file:"):
+        sys.exit("fake qemu: the serial port is not a file: %r" % serial)
+    console = os.open(serial[5:], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    def out(text):
+        os.write(console, text.encode())
+    out("[    0.000000] Linux version 6.1.0\r\n")
+    if behaviour == "panic":
+        out("Kernel panic - not syncing: VFS: Unable to mount root fs\r\n")
+        sys.exit(0)
+    out("GPUOPS-GUEST-BEGIN\r\n")
+    out("GPUOPS-PCI 0000:00:00.0 0x8086 0x29c0 0x060000 \r\n")
+    for source, qdev, slot in devices:
+        vendor, device, klass, ttys = plan["ids"][source]
+        out("GPUOPS-PCI 0000:00:%02x.0 0x%04x 0x%04x 0x%06x %s\r\n" % (slot, vendor, device, klass, " ".join(ttys)))
+    if behaviour != "hang":
+        out("GPUOPS-GUEST-END\r\n")
     if behaviour in ("no-poweroff", "hang"):
         time.sleep(600)
     sys.exit(0)
-conn, _ = server.accept()
 if behaviour == "hang":
     time.sleep(600)
-def send(message):
-    conn.sendall((json.dumps(message) + "\r\n").encode())
-send({{"QMP": {{"version": {{"qemu": {{"major": 7, "minor": 2, "micro": 22}}}}, "capabilities": []}}}})
-buffer = b""
-while True:
-    data = conn.recv(4096)
-    if not data:
+negotiated = False
+for line in sys.stdin.buffer:
+    with open(os.path.join(HERE, "qmp-stdin.log"), "ab") as log:
+        log.write(line)
+    name = json.loads(line)["execute"]
+    with open(os.path.join(HERE, "qmp.log"), "a") as log:
+        log.write(name + "\n")
+    if not negotiated and name != "qmp_capabilities":
+        send({{"error": {{"class": "CommandNotFound",
+                         "desc": "Expecting capabilities negotiation with 'qmp_capabilities'"}}}})
+    elif name == "qmp_capabilities":
+        negotiated = True
+        send({{"event": "RESUME", "timestamp": {{"seconds": 1, "microseconds": 2}}}})
+        send({{"return": {{}}}})
+    elif name == "query-pci" and behaviour == "qmp-error":
+        send({{"error": {{"class": "GenericError", "desc": "no PCI bus"}}}})
+    elif name == "query-pci":
+        found = [{{"bus": 0, "slot": 0, "function": 0, "class_info": {{"class": 0x0600, "desc": "Host bridge"}},
+                  "id": {{"vendor": 0x8086, "device": 0x29c0}}, "qdev_id": ""}},
+                 {{"bus": 0, "slot": 0x1c, "function": 0, "class_info": {{"class": 0x0604}},
+                  "id": {{"vendor": 0x1b36, "device": 0x000c}}, "qdev_id": "rp",
+                  "pci_bridge": {{"bus": {{"number": 1, "secondary": 1, "subordinate": 1}},
+                                 "devices": [{{"bus": 1, "slot": 0, "function": 0,
+                                              "class_info": {{"class": 0x0200}},
+                                              "id": {{"vendor": 0x1af4, "device": 0x1041}}, "qdev_id": "nic"}}]}}}}]
+        for source, qdev, slot in devices:
+            vendor, device, klass, _ttys = plan["ids"][source]
+            found.append({{"bus": 0, "slot": slot, "function": 0, "class_info": {{"class": klass >> 8}},
+                          "id": {{"vendor": vendor, "device": device}}, "qdev_id": qdev}})
+        send({{"return": [{{"bus": 0, "devices": found}}]}})
+    elif name == "quit":
+        send({{"timestamp": {{"seconds": 3, "microseconds": 4}}, "event": "SHUTDOWN",
+              "data": {{"guest": False, "reason": "host-qmp-quit"}}}})
+        send({{"return": {{}}}})
+        if behaviour == "no-quit":
+            time.sleep(600)
         sys.exit(0)
-    buffer += data
-    while b"\n" in buffer:
-        line, buffer = buffer.split(b"\n", 1)
-        name = json.loads(line)["execute"]
-        with open(os.path.join(HERE, "qmp.log"), "a") as log:
-            log.write(name + "\n")
-        if name == "qmp_capabilities":
-            send({{"event": "RESUME", "timestamp": {{"seconds": 1, "microseconds": 2}}}})
-            send({{"return": {{}}}})
-        elif name == "query-pci" and behaviour == "qmp-error":
-            send({{"error": {{"class": "GenericError", "desc": "no PCI bus"}}}})
-        elif name == "query-pci":
-            found = [{{"bus": 0, "slot": 0, "function": 0, "class_info": {{"class": 0x0600, "desc": "Host bridge"}},
-                      "id": {{"vendor": 0x8086, "device": 0x29c0}}, "qdev_id": ""}},
-                     {{"bus": 0, "slot": 0x1c, "function": 0, "class_info": {{"class": 0x0604}},
-                      "id": {{"vendor": 0x1b36, "device": 0x000c}}, "qdev_id": "rp",
-                      "pci_bridge": {{"bus": {{"number": 1, "secondary": 1, "subordinate": 1}},
-                                     "devices": [{{"bus": 1, "slot": 0, "function": 0,
-                                                  "class_info": {{"class": 0x0200}},
-                                                  "id": {{"vendor": 0x1af4, "device": 0x1041}}, "qdev_id": "nic"}}]}}}}]
-            for source, qdev, slot in devices:
-                vendor, device, klass, _ttys = plan["ids"][source]
-                found.append({{"bus": 0, "slot": slot, "function": 0, "class_info": {{"class": klass >> 8}},
-                              "id": {{"vendor": vendor, "device": device}}, "qdev_id": qdev}})
-            send({{"return": [{{"bus": 0, "devices": found}}]}})
-        elif name == "quit":
-            send({{"return": {{}}}})
-            if behaviour == "no-quit":
-                time.sleep(600)
-            sys.exit(0)
+# Standard input ended without quit: a paused QEMU stays.
+time.sleep(600)
 '''
 
 IDS = {st.A10: [0x10DE, 0x2236, 0x030200, []], st.A10_AUDIO: [0x10DE, 0x1AEF, 0x040300, []],
@@ -171,13 +191,19 @@ class Host(CommandHost):
             return json.load(handle)
 
     def qmp_log(self):
+        """The QMP commands the fake QEMU read, by name."""
         path = os.path.join(self.bin, "qmp.log")
         return open(path).read().split() if os.path.exists(path) else []
+
+    def qmp_stdin(self):
+        """The bytes the fake QEMU read from its standard input in paused mode (None when it read none)."""
+        path = os.path.join(self.bin, "qmp-stdin.log")
+        return open(path, "rb").read() if os.path.exists(path) else None
 
 
 @pytest.fixture
 def tmpdir_for_guests(monkeypatch):
-    """A short temporary directory for the module's private directories, checked empty (removed) after each run."""
+    """A temporary directory of its own for the module's private directories, checked empty after each run."""
     base = tempfile.mkdtemp(prefix="gp-", dir="/tmp")
     monkeypatch.setattr(tempfile, "tempdir", base)
     yield base
@@ -190,8 +216,12 @@ def host(tmp_path, tmpdir_for_guests):  # pylint: disable=unused-argument
 
 
 def run(host, params, check=False):
+    """Run the module on ``host``; a test that sets no timeout gets 30 seconds, so a fake QEMU left waiting by a
+    broken module fails the test in that time rather than the default 300 seconds."""
     with open(os.path.join(host.bin, "fake-qemu.json"), "w") as handle:
         json.dump(host.plan, handle)
+    params = dict(params)
+    params.setdefault("timeout", 30)
     guest_attach_probe.RELEASE = RELEASE
     try:
         return run_with_commands(guest_attach_probe, host, params, check=check)
@@ -220,19 +250,20 @@ def test_a_paused_guest_gets_the_gpu_and_its_audio_function(host):
     assert gpu["guest"] == {"address": "0000:00:08.0", "vendor_id": "10de", "device_id": "2236", "class": "0302"}
     assert audio["name"] == st.A10_AUDIO and audio["guest"]["address"] == "0000:00:09.0"
     assert audio["guest"]["class"] == "0403" and audio["problem_kind"] is None
-    # QEMU as a VMM runs it: paused, nothing but the devices, QMP on the private socket; then quit.
+    # QEMU as a VMM runs it: paused, nothing but the devices, QMP on its standard input and output; then quit.
     argv = host.qemu_run()["argv"]
     assert result["qemu_command"][1:] == argv
     assert result["qemu_command"][0] == os.path.join(host.bin, "qemu-system-x86_64")
     for flag in ("-S", "-nodefaults", "-no-user-config"):
         assert flag in argv
+    assert argv[argv.index("-qmp") + 1] == "stdio"
     assert argv[argv.index("-display") + 1] == "none" and argv[argv.index("-accel") + 1] == "tcg"
     assert "vfio-pci,host=0000:65:00.0,id=gpuops0,bus=pcie.0,addr=0x08" in argv
     assert "vfio-pci,host=0000:65:00.1,id=gpuops1,bus=pcie.0,addr=0x09" in argv
     assert host.qmp_log() == ["qmp_capabilities", "query-pci", "quit"]
     assert (result["mode"], result["accel"], result["memory_mb"], result["qemu_end"]) == ("paused", "tcg", 64, "quit")
     assert result["qemu_rc"] == 0 and result["qemu_error"] is None and result["started"] is True
-    assert result["qemu_pid"] == host.qemu_run()["pid"] and result["seconds"] >= 0
+    assert result["seconds"] >= 0 and "qemu_pid" not in result and result["warnings"] == []
     # Every function the guest has, the bridges' buses walked too.
     assert {"address": "0000:01:00.0", "vendor_id": "1af4", "device_id": "1041", "class": "0200"} in \
         result["guest_functions"]
@@ -311,28 +342,83 @@ def test_qemus_own_error_text_is_reported_for_the_device_it_names(host):
     assert_gone(host)
 
 
-@pytest.mark.parametrize("mode", ["paused", "boot"])
-def test_a_guest_that_never_answers_is_killed_at_the_timeout(host, mode):
+@pytest.mark.parametrize("mode, what", [("paused", "answer over QMP"), ("boot", "print its device list")])
+def test_a_guest_that_never_answers_is_stopped_at_the_timeout(host, mode, what):
+    # The fake sleeps for 10 minutes; timeout(1) ends it after 1 second.
     host.plan["behaviour"] = "hang"
     result = run(host, {"devices": [st.A10], "mode": mode, "timeout": 1})
     assert result["failed"] is True
     assert result["devices"][0]["problem_kind"] == "timeout"
-    assert "within 1 seconds (timeout); QEMU was killed" in result["msg"]
-    assert result["qemu_end"] == "killed" and result["qemu_rc"] == -9
-    assert 1 <= result["seconds"] < 20
+    assert result["devices"][0]["problem"] == ("the guest did not %s within 1 seconds (timeout); QEMU was stopped "
+                                               "then" % what)
+    assert result["msg"] == "the guest did not get 1 of 1 device(s): %s (timeout): %s" % (
+        st.A10, result["devices"][0]["problem"])
+    assert result["qemu_end"] == "killed" and result["qemu_rc"] == _module.TIMEOUT_RC
+    assert result["qemu_output"].endswith("did not finish within 1 seconds (timeout)")
+    assert result["guest_functions"] == [] and result["qemu_error"] is None
+    assert 1 <= result["seconds"] < 10
     assert_gone(host)
 
 
-def test_qemu_that_ignores_quit_is_killed(host, monkeypatch):
-    monkeypatch.setattr(gp, "QUIT_GRACE", 0.5)
-    host.plan["behaviour"] = "no-quit"
+@pytest.mark.parametrize("mode, behaviour, end, what", [
+    ("paused", "no-quit", "quit", "answered over QMP"),
+    ("boot", "no-poweroff", "poweroff", "printed its device list"),
+])
+def test_qemu_that_does_not_exit_after_the_guests_report_is_stopped_at_the_timeout(host, mode, behaviour, end, what):
+    host.plan["behaviour"] = behaviour
+    result = run(host, {"devices": [st.A10], "mode": mode, "timeout": 1})
+    assert "failed" not in result, result.get("msg")
+    assert result["all_ok"] and result["devices"][0]["seen"] and result["qemu_end"] == "killed" != end
+    assert result["qemu_rc"] == _module.TIMEOUT_RC
+    assert result["warnings"] == ["the guest %s, but QEMU did not exit afterwards; timeout(1) stopped it at the "
+                                  "time limit (timeout=1)" % what]
+    assert_gone(host)
+
+
+def test_qemu_killed_before_the_time_limit_is_an_exit_not_a_timeout(host):
+    # SIGKILL from elsewhere (the OOM killer) gives the exit status of timeout(1)'s own SIGKILL.
+    host.plan["behaviour"] = "sigkill"
+    result = run(host, {"devices": [st.A10], "fail_on_problem": False})
+    assert "failed" not in result, result.get("msg")
+    assert result["qemu_rc"] in _module.TIMED_OUT_RCS and result["seconds"] < 10
+    assert result["qemu_end"] == "exited" and result["qemu_error"]
+    assert result["devices"][0]["problem_kind"] == "qemu"
+    assert result["devices"][0]["problem"].startswith("QEMU exited (rc %s) before the guest ran" % result["qemu_rc"])
+    assert_gone(host)
+
+
+def test_the_paused_guest_gets_its_qmp_session_on_stdin(host):
     result = run(host, {"devices": [st.A10]})
     assert "failed" not in result, result.get("msg")
-    assert result["all_ok"] and result["qemu_end"] == "killed"
+    assert host.qmp_stdin() == QMP_STDIN
+    # Nothing else uses QEMU's standard input or output: no serial port, monitor or other character device.
+    argv = host.qemu_run()["argv"]
+    assert [arg for arg in argv if "stdio" in arg or "/dev/std" in arg] == ["stdio"]
+    for flag in ("-serial", "-monitor", "-chardev", "-mon"):
+        assert flag not in argv
+    assert not any(arg.startswith("unix:") for arg in argv)
+
+
+def test_a_booted_guest_gets_no_stdin_and_its_console_is_stdout(host):
+    result = run(host, {"devices": [st.A10], "mode": "boot"})
+    assert "failed" not in result, result.get("msg")
+    argv = host.qemu_run()["argv"]
+    assert argv[argv.index("-serial") + 1] == "file:/dev/stdout" and argv.count("-serial") == 1
+    assert "-qmp" not in argv and "stdio" not in argv and host.qmp_stdin() is None
+    assert result["console_tail"].startswith("[    0.000000] Linux version") and result["qemu_output"] == ""
+
+
+def test_without_timeout_on_the_host_nothing_starts(host):
+    os.unlink(os.path.join(host.bin, "timeout"))
+    result = run(host, {"devices": [st.A10]})
+    assert result["failed"] is True
+    assert result["msg"] == ("timeout (coreutils) is not on PATH; it ends QEMU at the time limit (timeout); install "
+                             "coreutils; nothing was started")
+    assert host.qemu_run() is None
     assert_gone(host)
 
 
-def test_a_qmp_error_is_a_message_and_qemu_is_killed(host):
+def test_a_qmp_error_is_a_message(host):
     host.plan["behaviour"] = "qmp-error"
     result = run(host, {"devices": [st.A10]})
     assert result["failed"] is True
@@ -340,11 +426,12 @@ def test_a_qmp_error_is_a_message_and_qemu_is_killed(host):
     assert_gone(host)
 
 
-def test_a_bug_after_the_start_still_kills_qemu_and_removes_the_directory(host, monkeypatch):
+@pytest.mark.parametrize("mode, reader", [("paused", "flatten_query_pci"), ("boot", "parse_console")])
+def test_a_bug_after_qemu_ran_is_a_message_and_the_directory_is_removed(host, monkeypatch, mode, reader):
     def broken(_answer):
         raise KeyError("bus")
-    monkeypatch.setattr(gp, "flatten_query_pci", broken)
-    result = run(host, {"devices": [st.A10]})
+    monkeypatch.setattr(gp, reader, broken)
+    result = run(host, {"devices": [st.A10], "mode": mode})
     assert result["failed"] is True and "failed unexpectedly (KeyError" in result["msg"]
     assert "Traceback" not in result["msg"]
     assert host.qemu_run() is not None
@@ -383,7 +470,7 @@ def test_a_booted_guest_lists_the_devices_and_the_mtty_ports(host, tmp_path):
     assert "GPUOPS-GUEST-END" in result["console_tail"]
     argv = host.qemu_run()["argv"]
     assert argv[argv.index("-kernel") + 1] == host.path("/boot/vmlinuz-" + RELEASE)
-    assert "-S" not in argv and "-no-reboot" in argv
+    assert "-S" not in argv and "-no-reboot" in argv and "-qmp" not in argv
     assert "rdinit=/init" in argv[argv.index("-append") + 1]
     # The initramfs: the static busybox, a console node and an /init that prints the list.
     members = cpio_members(open(kept, "rb").read())
@@ -391,15 +478,6 @@ def test_a_booted_guest_lists_the_devices_and_the_mtty_ports(host, tmp_path):
     assert stat.S_ISCHR(members["dev/console"][0]) and members["dev/console"][2:] == (5, 1)
     assert members["init"][0] & 0o111 and members["init"][1].startswith(b"#!/bin/busybox sh\n")
     assert b"GPUOPS-PCI" in members["init"][1] and b"poweroff -f" in members["init"][1]
-    assert_gone(host)
-
-
-def test_a_guest_that_does_not_power_off_after_its_list_is_killed(host, monkeypatch):
-    monkeypatch.setattr(gp, "QUIT_GRACE", 0.5)
-    host.plan["behaviour"] = "no-poweroff"
-    result = run(host, {"devices": [st.A10], "mode": "boot"})
-    assert "failed" not in result, result.get("msg")
-    assert result["all_ok"] and result["qemu_end"] == "killed"
     assert_gone(host)
 
 
