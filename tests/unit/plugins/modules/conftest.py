@@ -15,10 +15,6 @@ import pytest
 
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
 
-# The harness asserts on behalf of the tests: have pytest explain its failed assertions as theirs.
-pytest.register_assert_rewrite("ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness")
-
-
 @pytest.fixture
 def host(tmp_path):
     """A fresh fake GPU host (sysfs_tree.build_gpu_host) for one test."""
