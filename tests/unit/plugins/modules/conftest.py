@@ -15,6 +15,7 @@ import pytest
 
 from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
 
+
 @pytest.fixture
 def host(tmp_path):
     """A fresh fake GPU host (sysfs_tree.build_gpu_host) for one test."""
