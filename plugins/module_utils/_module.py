@@ -122,21 +122,17 @@ def check_timeout(value, low, high, error=GpuopsError, name="timeout"):
         raise error(exc.msg) from exc
 
 
-def run_timed(module, argv, timeout, option="command_timeout", kill_after=10, data=None, cwd=None):
+def run_timed(module, argv, timeout, option="command_timeout", kill_after=10, data=None):
     """Run ``argv`` (a list, never a shell string) with ``LC_ALL=C`` under ``timeout --kill-after``; return
     ``(rc, stdout, stderr)`` as strings. A command that ran out of time gets a line in its stderr naming the time
     limit and ``option`` (the module option that sets it). Without timeout(1) on the host the command runs unbounded.
-    ``data`` (text) is the command's standard input, given as it is; ``cwd`` its working directory.
+    ``data`` (text) is the command's standard input, given as it is.
     """
     full = list(argv)
     timeout_bin = module.get_bin_path("timeout") if timeout and timeout > 0 else None
     if timeout_bin:
         full = [timeout_bin, "--kill-after=%d" % kill_after, str(timeout)] + full
-    extra = {}
-    if data is not None:
-        extra.update(data=data, binary_data=True)
-    if cwd is not None:
-        extra["cwd"] = cwd
+    extra = {} if data is None else {"data": data, "binary_data": True}
     rc, out, err = module.run_command(full, environ_update={"LC_ALL": "C"}, expand_user_and_vars=False, **extra)
     if timeout_bin and rc in TIMED_OUT_RCS:
         err = "%s\n%s did not finish within %d seconds (%s)" % ((err or "").rstrip(), argv[0], timeout, option)
