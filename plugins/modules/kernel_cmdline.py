@@ -274,7 +274,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
 )
 
 # Host root for every file this module touches. Only unit tests point it elsewhere.
-HOST_ROOT = "/"
+ROOT = "/"
 MAX_COMMAND_TIMEOUT = 86400
 
 
@@ -357,7 +357,7 @@ def build_module():
 
 
 def main():
-    run_module(build_module, ensure, HOST_ROOT)
+    run_module(build_module, ensure, ROOT)
 
 
 if __name__ == "__main__":

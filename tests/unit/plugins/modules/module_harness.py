@@ -118,8 +118,8 @@ def raise_on_exit(monkeypatch):
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
 
 
-def run_with_commands(module, host, params, check=False, diff=False, root_name="ROOT"):
-    """Run ``module.main()`` on ``host`` (a command_host.CommandHost): the module's ``root_name`` at its root,
+def run_with_commands(module, host, params, check=False, diff=False):
+    """Run ``module.main()`` on ``host`` (a command_host.CommandHost): the module's ``ROOT`` at its root,
     ``get_bin_path`` finding only its fake commands; return the result of exit_json or fail_json with the
     ``warnings`` the module gave."""
     warnings = []
@@ -135,7 +135,7 @@ def run_with_commands(module, host, params, check=False, diff=False, root_name="
     full = dict(params, _ansible_check_mode=check, _ansible_diff=diff)
     with mock.patch.multiple(basic.AnsibleModule, exit_json=_exit_json, fail_json=_fail_json,
                              get_bin_path=get_bin_path, warn=lambda self, text: warnings.append(text)), \
-            mock.patch.object(module, root_name, host.root), patch_module_args(full):
+            mock.patch.object(module, "ROOT", host.root), patch_module_args(full):
         try:
             module.main()
         except (ModuleExit, ModuleFail) as done:

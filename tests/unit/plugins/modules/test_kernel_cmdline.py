@@ -208,7 +208,7 @@ def rhel_host(base, with_grubby=True):
 
 
 def run(host, check=False, diff=False, **params):
-    return run_with_commands(kernel_cmdline, host, params, check=check, diff=diff, root_name="HOST_ROOT")
+    return run_with_commands(kernel_cmdline, host, params, check=check, diff=diff)
 
 
 DROPIN = "/etc/default/grub.d/99-gpuops-sandbox.cfg"
