@@ -11,6 +11,11 @@ _TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _COLLECTIONS = os.path.join(_TOP, ".build", "collections")
 if os.path.isdir(_COLLECTIONS) and _COLLECTIONS not in sys.path:
     sys.path.insert(0, _COLLECTIONS)
+    # Ansible's own collection finder, as ansible-playbook and ansible-test have it: the role defaults the tests
+    # template find the collection's filters (gpuops.sandbox.*) through it.
+    from ansible.utils.collection_loader._collection_finder import (  # noqa: E402  pylint: disable=wrong-import-position
+        _AnsibleCollectionFinder)
+    _AnsibleCollectionFinder(paths=[_COLLECTIONS])._install()
 
 import pytest  # noqa: E402  pylint: disable=wrong-import-position
 
