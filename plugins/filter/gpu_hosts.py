@@ -16,7 +16,7 @@ description:
     and taints its node should carry (see P(gpuops.sandbox.gpu_node_labels#filter)), and its GPU facts.
   - Reads C(gpuops_node_name) (default the inventory name), C(gpuops_workload_type) (default
     C(container)), C(gpuops_vgpu_config_name), C(gpuops_node_taints) (default null, taints left alone),
-    C(gpuops_gpus) and C(gpuops_mdev_parents) (facts of M(gpuops.sandbox.gpu_facts)).
+    C(gpu_facts_gpus) and C(gpu_facts_mdev_parents) (facts of M(gpuops.sandbox.gpu_facts)).
   - Fails naming the host and the value for an unknown workload type, a vGPU config name that the vGPU
     device configuration does not hold, or two hosts with the same node name.
 author:
@@ -100,17 +100,17 @@ _value:
       type: list
       elements: dict
     gpus:
-      description: The host's C(gpuops_gpus) fact (empty when not gathered).
+      description: The host's C(gpu_facts_gpus) fact (empty when not gathered).
       type: list
       elements: dict
     mdev_parents:
-      description: The host's C(gpuops_mdev_parents) fact (empty when not gathered).
+      description: The host's C(gpu_facts_mdev_parents) fact (empty when not gathered).
       type: list
       elements: dict
     os_tag:
       description:
         - The OS part the GPU Operator appends to the vGPU Manager image tag for this node (C(ID) and C(VERSION_ID)
-          of os-release, the major version only for C(rhel), C(rocky) and C(ol)), from C(gpuops_host); null when the
+          of os-release, the major version only for C(rhel), C(rocky) and C(ol)), from C(gpu_facts_host); null when the
           host's facts were not gathered.
       type: str
     resources:
@@ -176,7 +176,7 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
         except PlanError as exc:
             raise AnsibleFilterError("host %s: %s" % (host, exc.msg))
         taints = hv.get("gpuops_node_taints")
-        os_release = (hv.get("gpuops_host") or {}).get("os") or {}
+        os_release = (hv.get("gpu_facts_host") or {}).get("os") or {}
         entry = {
             "host": host, "name": name, "workload_type": wtype,
             "vgpu_config_name": config_name if wtype == "vm-vgpu" else None,
@@ -185,8 +185,8 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             "labels": labels,
             "release_to": release_labels(wtype),
             "taints": None if taints is None else list(taints),
-            "gpus": list(hv.get("gpuops_gpus") or []),
-            "mdev_parents": list(hv.get("gpuops_mdev_parents") or []),
+            "gpus": list(hv.get("gpu_facts_gpus") or []),
+            "mdev_parents": list(hv.get("gpu_facts_mdev_parents") or []),
             "os_tag": operator_os_tag(os_release.get("id"), os_release.get("version_id")),
         }
         if wtype == "container":

@@ -23,7 +23,7 @@ name: host_checks
 short_description: The checks of a prepared GPU node against its workload type
 version_added: 0.4.0
 description:
-  - Takes the facts of M(gpuops.sandbox.gpu_facts) (C(gpuops_gpus), C(gpuops_iommu), C(gpuops_host)) and what the
+  - Takes the facts of M(gpuops.sandbox.gpu_facts) (C(gpu_facts_gpus), C(gpu_facts_iommu), C(gpu_facts_host)) and what the
     host was prepared for, and returns the checks of the role R(gpuops.sandbox.host_verify,
     ansible_collections.gpuops.sandbox.host_verify_role), each a dict with C(check) (its name), C(ok) and C(detail).
   - VM node types (those of P(gpuops.sandbox.workload_types#filter) V(iommu)), when no reboot is pending - C(kernel
@@ -51,16 +51,16 @@ author:
   - gpuops.sandbox contributors (@gpuops)
 options:
   _input:
-    description: The GPUs, C(gpuops_gpus) of M(gpuops.sandbox.gpu_facts).
+    description: The GPUs, C(gpu_facts_gpus) of M(gpuops.sandbox.gpu_facts).
     type: list
     elements: dict
     required: true
   iommu:
-    description: C(gpuops_iommu) of M(gpuops.sandbox.gpu_facts).
+    description: C(gpu_facts_iommu) of M(gpuops.sandbox.gpu_facts).
     type: dict
     required: true
   host:
-    description: C(gpuops_host) of M(gpuops.sandbox.gpu_facts).
+    description: C(gpu_facts_host) of M(gpuops.sandbox.gpu_facts).
     type: dict
     required: true
   workload_type:
@@ -128,7 +128,7 @@ EXAMPLES = r"""
 - name: Check the host
   ansible.builtin.set_fact:
     checks: >-
-      {{ gpuops_gpus | gpuops.sandbox.host_checks(gpuops_iommu, gpuops_host, workload_type='container',
+      {{ gpu_facts_gpus | gpuops.sandbox.host_checks(gpu_facts_iommu, gpu_facts_host, workload_type='container',
                                                   cpu_vendor='intel', expected=host_prepare_expected) }}
 
 - name: The failed checks
@@ -221,10 +221,10 @@ def _label(driver):
 
 def _gpus(value):
     if not isinstance(value, (list, tuple)) or not all(isinstance(g, Mapping) for g in value):
-        _fail("expects the GPUs (gpuops_gpus of gpu_facts, a list of dicts), got %r", value)
+        _fail("expects the GPUs (gpu_facts_gpus of gpu_facts, a list of dicts), got %r", value)
     for gpu in value:
         if "address" not in gpu or "driver" not in gpu:
-            _fail("a GPU without address or driver (not gpuops_gpus of gpu_facts): %r", gpu)
+            _fail("a GPU without address or driver (not gpu_facts_gpus of gpu_facts): %r", gpu)
     return value
 
 
@@ -441,8 +441,8 @@ def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="fin
                 iommu_pt=True, vfio_binding="host", vgpu_devices="host", expected=None, reads=None,
                 dra_blockers=None):
     gpus = _plain(_gpus(gpus))
-    iommu = _plain(_mapping("iommu (gpuops_iommu of gpu_facts)", iommu))
-    host = _plain(_mapping("host (gpuops_host of gpu_facts)", host))
+    iommu = _plain(_mapping("iommu (gpu_facts_iommu of gpu_facts)", iommu))
+    host = _plain(_mapping("host (gpu_facts_host of gpu_facts)", host))
     workload_type = _choice("workload_type", workload_type, WORKLOAD_TYPES)
     cpu_vendor = _choice("cpu_vendor", cpu_vendor, CPU_VENDORS)
     stage = _choice("stage", stage, STAGES)

@@ -25,7 +25,7 @@ author:
   - gpuops.sandbox contributors (@gpuops)
 options:
   _input:
-    description: A dict with C(gpus) (C(gpuops_gpus)), C(mdev_parents) (C(gpuops_mdev_parents)) and C(host) (C(gpuops_host)).
+    description: A dict with C(gpus) (C(gpu_facts_gpus)), C(mdev_parents) (C(gpu_facts_mdev_parents)) and C(host) (C(gpu_facts_host)).
     type: dict
     required: true
   config:
@@ -56,7 +56,7 @@ EXAMPLES = r"""
 - name: Work out the vGPU devices of a host
   ansible.builtin.set_fact:
     plan: >-
-      {{ {'gpus': gpuops_gpus, 'mdev_parents': gpuops_mdev_parents, 'host': gpuops_host}
+      {{ {'gpus': gpu_facts_gpus, 'mdev_parents': gpu_facts_mdev_parents, 'host': gpu_facts_host}
          | gpuops.sandbox.vgpu_plan(gpuops_vgpu_device_config, 'A10-8Q') }}
 """
 

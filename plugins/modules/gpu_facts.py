@@ -18,7 +18,7 @@ description:
     of the group (each with its driver and C(driver_override)), whether
     the group is viable for passthrough, SR-IOV state, legacy mdev types and NVIDIA vendor-specific
     vGPU types.
-  - Also returns a summary of the IOMMU state, every mdev parent device of the host, and C(gpuops_host) -
+  - Also returns a summary of the IOMMU state, every mdev parent device of the host, and C(gpu_facts_host) -
     the operating system, the running kernel, the live mediated devices, SR-IOV VF counts of the selected
     functions, and which of this collection's boot files are on the host (what host preparation and workload
     type switches look at).
@@ -56,7 +56,7 @@ EXAMPLES = r"""
 - name: List the IOMMU group members of every NVIDIA GPU
   ansible.builtin.debug:
     msg: "{{ item.address }}: {{ item.iommu_group_members | map(attribute='address') | list }}"
-  loop: "{{ ansible_facts.gpuops_gpus }}"
+  loop: "{{ ansible_facts.gpu_facts_gpus }}"
 
 - name: Gather facts about two functions given by address
   gpuops.sandbox.gpu_facts:
@@ -81,7 +81,7 @@ ansible_facts:
   returned: success
   type: complex
   contains:
-    gpuops_gpus:
+    gpu_facts_gpus:
       description: One entry per selected PCI function, sorted by address.
       returned: success
       type: list
@@ -268,7 +268,7 @@ ansible_facts:
             naming table), not the host's pci.ids, which names many GPUs otherwise; null for non-NVIDIA functions.
           type: str
           sample: nvidia.com/GA102GL_A10
-    gpuops_iommu:
+    gpu_facts_iommu:
       description: Summary of the IOMMU state; the same keys as the output of M(gpuops.sandbox.iommu_check)'s
         C(iommu).
       returned: success
@@ -291,7 +291,7 @@ ansible_facts:
         cpu_virtualization: true
         platform_vendor: intel
         problems: []
-    gpuops_mdev_parents:
+    gpu_facts_mdev_parents:
       description: Every mdev parent in C(/sys/class/mdev_bus) with C(name), C(address) (null when not a PCI
         function), C(sysfs_path) and its C(types) (same keys as C(mdev_types)).
       returned: success
@@ -308,12 +308,12 @@ ansible_facts:
               device_api: vfio-pci
               description: null
               resource_name: nvidia.com/Single_port_serial
-    gpuops_pci_ids:
+    gpu_facts_pci_ids:
       description: Path of the pci.ids file the names come from, or null when the host has none.
       returned: success
       type: str
       sample: /usr/share/misc/pci.ids
-    gpuops_host:
+    gpu_facts_host:
       description: The host around the GPUs.
       returned: success
       type: dict
@@ -408,11 +408,11 @@ def gather(params, root="/"):
     gpus = [with_overrides(describe_function(address, root=root, pci_ids_db=db), root) for address in selected]
     parents = mdev_parents(root)
     return {
-        "gpuops_gpus": gpus,
-        "gpuops_iommu": iommu_state(root),
-        "gpuops_mdev_parents": parents,
-        "gpuops_pci_ids": db["path"],
-        "gpuops_host": host_summary(root),
+        "gpu_facts_gpus": gpus,
+        "gpu_facts_iommu": iommu_state(root),
+        "gpu_facts_mdev_parents": parents,
+        "gpu_facts_pci_ids": db["path"],
+        "gpu_facts_host": host_summary(root),
     }
 
 

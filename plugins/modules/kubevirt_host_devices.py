@@ -60,7 +60,7 @@ options:
         choices: [container, vm-passthrough, vm-vgpu, dra]
       gpus:
         description:
-          - The host's C(gpuops_gpus) fact.
+          - The host's C(gpu_facts_gpus) fact.
           - Every entry needs C(vendor) and C(device), each 4 hex digits; C(is_vf) is a boolean, C(address) and
             C(physfn) strings, C(mdev_types) a list of mappings, C(vgpu) a mapping, as M(gpuops.sandbox.gpu_facts)
             returns them. An entry otherwise fails, naming it, before the first request.
@@ -69,7 +69,7 @@ options:
         default: []
       mdev_parents:
         description:
-          - The host's C(gpuops_mdev_parents) fact (mdev parents that are not PCI functions).
+          - The host's C(gpu_facts_mdev_parents) fact (mdev parents that are not PCI functions).
           - The C(types) of an entry is a list of mappings, as M(gpuops.sandbox.gpu_facts) returns it.
         type: list
         elements: dict
@@ -168,10 +168,10 @@ EXAMPLES = r"""
     hosts:
       - name: gpu-node-2
         workload_type: vm-passthrough
-        gpus: "{{ hostvars['gpu-node-2'].gpuops_gpus }}"
+        gpus: "{{ hostvars['gpu-node-2'].gpu_facts_gpus }}"
       - name: gpu-node-3
         workload_type: vm-vgpu
-        gpus: "{{ hostvars['gpu-node-3'].gpuops_gpus }}"
+        gpus: "{{ hostvars['gpu-node-3'].gpu_facts_gpus }}"
         vgpu_type_names: [A10-4Q]
 
 - name: Turn on DRA GPUs for a KubeVirt not yet reporting its version
@@ -379,7 +379,7 @@ def check_hosts(hosts):
             if isinstance(parent.get("types"), list):
                 _check_entries(where + ".types", parent["types"], MDEV_TYPE_KEYS, problems)
     if problems:
-        raise PlanError("%s%s; gpus and mdev_parents must be the host's gpuops_gpus and gpuops_mdev_parents facts from "
+        raise PlanError("%s%s; gpus and mdev_parents must be the host's gpu_facts_gpus and gpu_facts_mdev_parents facts from "
                         "gpuops.sandbox.gpu_facts (each GPU with vendor and device as 4 hex digits); nothing was changed"
                         % ("; ".join(problems[:MAX_PROBLEMS]),
                            " (and %d more)" % (len(problems) - MAX_PROBLEMS) if len(problems) > MAX_PROBLEMS else ""))

@@ -631,7 +631,7 @@ def gpu_host_vars(nodes, hosts=None):
     host_vars = {}
     for host, wtype in nodes.items():
         entry = {"ansible_connection": "local", "gpuops_workload_type": wtype,
-                 "gpuops_gpus": [A10_VGPU if wtype == "vm-vgpu" else A10], "gpuops_mdev_parents": []}
+                 "gpu_facts_gpus": [A10_VGPU if wtype == "vm-vgpu" else A10], "gpu_facts_mdev_parents": []}
         if wtype == "vm-vgpu":
             entry["gpuops_vgpu_config_name"] = "A10-12Q"
         entry.update((hosts or {}).get(host, {}))

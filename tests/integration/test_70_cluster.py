@@ -237,7 +237,7 @@ def test_bad_input_fails_clearly_and_changes_nothing(kube_api, helm_repo, tmp_pa
         expect = ("a vm-vgpu node needs a vGPU config name (gpuops_vgpu_config_name): without one the vGPU Device "
                   "Manager applies the config 'default', which its configuration does not have (it has: A10-12Q, A10-4Q)")
     elif case == "os_tag":
-        hosts["lab-vgpu"]["gpuops_host"] = {"os": {"id": "ubuntu", "version_id": "22.04"}}
+        hosts["lab-vgpu"]["gpu_facts_host"] = {"os": {"id": "ubuntu", "version_id": "22.04"}}
         extra["vgpu_manager_image_built_os_tags"] = ["ubuntu24.04"]
         expect = "host lab-vgpu (vm-vgpu) runs ubuntu22.04, but the vGPU Manager image is built for ubuntu24.04 only"
     elif case == "no_kubevirt":

@@ -25,9 +25,9 @@ def variables(workload_type, iommu_on, **inputs):
     """What the play has when the block runs: the role's defaults, the facts of gpu_facts, the block's vars."""
     found = dict(trusted(load("roles/preflight/defaults/main.yml")), **inputs)
     found.update(inventory_hostname="gpu-1", group_names=[], preflight_type=workload_type,
-                 gpuops_iommu={"enabled": iommu_on, "group_count": 9 if iommu_on else 0},
-                 gpuops_gpus=[{"address": st.SLOT_GPU, "driver": "nvidia"}],
-                 gpuops_host={"managed_files": {"vfio_rules": []}})
+                 gpu_facts_iommu={"enabled": iommu_on, "group_count": 9 if iommu_on else 0},
+                 gpu_facts_gpus=[{"address": st.SLOT_GPU, "driver": "nvidia"}],
+                 gpu_facts_host={"managed_files": {"vfio_rules": []}})
     found.update(trusted(block()["vars"]))
     return found
 
@@ -112,7 +112,7 @@ def test_preflight_checks_with_remove_claims_what_host_prepare_will_remove(monke
 
     def leaving(**inputs):
         found = variables("container", False, **inputs)
-        found["gpuops_gpus"] = [{"address": st.SLOT_GPU, "driver": "vfio-pci"}]
+        found["gpu_facts_gpus"] = [{"address": st.SLOT_GPU, "driver": "vfio-pci"}]
         assert templar(found).evaluate_conditional(trusted(block()["when"])) is True
         return found
 

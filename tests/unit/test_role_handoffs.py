@@ -60,7 +60,7 @@ def recorded_cpu_vendor(platform_vendor):
     """What preflight's "Record the CPU vendor" task sets from gpu_facts' platform_vendor."""
     task = next(t for t in load("roles/preflight/tasks/main.yml") if t.get("name") == "Record the CPU vendor")
     value = trusted(task["ansible.builtin.set_fact"]["preflight_cpu_vendor"])
-    return templar({"gpuops_iommu": {"platform_vendor": platform_vendor}}).template(value)
+    return templar({"gpu_facts_iommu": {"platform_vendor": platform_vendor}}).template(value)
 
 
 @pytest.mark.parametrize("platform_vendor, recorded", [("intel", "intel"), ("amd", "amd"), (None, "unknown")])

@@ -64,7 +64,7 @@ def removal_task(found):
 
 
 def test_a_modprobe_d_claim_removed_rebuilds_the_initramfs():
-    host = {"gpuops_host": {"managed_files": {"vfio_modules": []}}}
+    host = {"gpu_facts_host": {"managed_files": {"vfio_modules": []}}}
     unbind = {"changed": True, "files_changed": ["/etc/modprobe.d/vfio.conf"], "initramfs_rebuild_required": True}
     assert removal_task(dict(host, __host_prepare_vfio_unbind=unbind)) == (True, "always")
     unbind = {"changed": True, "files_changed": ["/etc/driverctl.d/pci-0000:65:00.0"], "initramfs_rebuild_required": False}

@@ -25,7 +25,7 @@ def test_recorded_vfs_reach_sriov_vfs_by_address(tmp_path):
     (tmp_path / "play.yml").write_text(PLAY)
     host = {"mdev_devices": [], "sriov_recorded": ["0000:ff:1f.7"],
             "managed_files": {"mdev_definitions": [], "sriov_definitions": ["/etc/gpuops/sriov-vfs.conf"]}}
-    facts = {"ansible_python_interpreter": sys.executable, "gpuops_host": host}
+    facts = {"ansible_python_interpreter": sys.executable, "gpu_facts_host": host}
     (tmp_path / "vars.json").write_text(json.dumps(facts))
     rc, out = ansible_playbook("-i", "localhost,", "-c", "local", tmp_path / "play.yml", "--check",
                                "-e", "@%s" % (tmp_path / "vars.json"))

@@ -38,7 +38,7 @@ def member(address, driver, override=None, pci=True):
 
 
 def gpu(address=GPU, driver="nvidia", override=None, viable=None, members=None):
-    """A gpuops_gpus entry; by default in a group with its audio function (both on the host drivers)."""
+    """A gpu_facts_gpus entry; by default in a group with its audio function (both on the host drivers)."""
     if members is None:
         members = [member(address, driver, override), member(AUDIO, "snd_hda_intel")]
     if viable is None:
@@ -545,7 +545,7 @@ def test_gpu_facts_and_the_checks_together(tmp_path):
     os.unlink(tree.path(tree.functions[st.A10_AUDIO] + "/driver"))
     facts = gpu_facts.gather({"vendors": ["10de:2236"]}, root=tree.root)
     checks = dict((c["check"], c) for c in host_checks(
-        facts["gpuops_gpus"], facts["gpuops_iommu"], facts["gpuops_host"], workload_type="container",
+        facts["gpu_facts_gpus"], facts["gpu_facts_iommu"], facts["gpu_facts_host"], workload_type="container",
         expected={"restored": {st.A10: "nvidia", st.A10_AUDIO: "snd_hda_intel"}}, reboot_pending=True))
     assert failed(checks) == ["0000:65:00.1 back on snd_hda_intel", "no vfio driver_override left"]
     assert checks["no vfio driver_override left"]["detail"] == STRANDED
@@ -563,10 +563,10 @@ def test_expected_keys_default_to_empty():
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("changes, message", [
-    ({"gpus": "0000:65:00.0"}, "expects the GPUs (gpuops_gpus of gpu_facts, a list of dicts)"),
+    ({"gpus": "0000:65:00.0"}, "expects the GPUs (gpu_facts_gpus of gpu_facts, a list of dicts)"),
     ({"gpus": [{"address": GPU}]}, "a GPU without address or driver"),
-    ({"iommu": None}, "iommu (gpuops_iommu of gpu_facts) must be a dict"),
-    ({"host": []}, "host (gpuops_host of gpu_facts) must be a dict"),
+    ({"iommu": None}, "iommu (gpu_facts_iommu of gpu_facts) must be a dict"),
+    ({"host": []}, "host (gpu_facts_host of gpu_facts) must be a dict"),
     ({"workload_type": "vm"}, "workload_type must be one of container, vm-passthrough, vm-vgpu, dra, got 'vm'"),
     ({"cpu_vendor": "arm"}, "cpu_vendor must be one of intel, amd, unknown, got 'arm'"),
     ({"cpu_vendor": None}, "cpu_vendor must be one of intel, amd, unknown, got None"),
@@ -612,7 +612,7 @@ def role_play(tmp_path, hosts, fail):
         "name": "host_verify", "hosts": "gpu_nodes", "gather_facts": False,
         "tasks": [
             {"name": "Set the facts gpu_facts would have gathered", "ansible.builtin.set_fact": {
-                "gpuops_gpus": "{{ fake.gpus }}", "gpuops_iommu": "{{ fake.iommu }}", "gpuops_host": "{{ fake.host }}",
+                "gpu_facts_gpus": "{{ fake.gpus }}", "gpu_facts_iommu": "{{ fake.iommu }}", "gpu_facts_host": "{{ fake.host }}",
                 "host_prepare_expected": "{{ fake.expected }}"}},
             {"name": "Verify", "ansible.builtin.include_role": {"name": "gpuops.sandbox.host_verify"},
              "vars": {"host_verify_refresh": False, "host_verify_fail": fail, "host_verify_workload_type": "{{ fake.workload_type }}"}},

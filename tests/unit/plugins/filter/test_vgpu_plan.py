@@ -187,8 +187,8 @@ def test_plan_from_real_gpu_facts(tmp_path):
                     os.unlink(tree.path(link))
             shutil.rmtree(tree.path(tree.functions[vf]))
     facts = gpu_facts.gather({"addresses": None, "vendors": None, "classes": None, "include_all": False}, tree.root)
-    plan = vgpu_plan({"gpus": facts["gpuops_gpus"], "mdev_parents": facts["gpuops_mdev_parents"],
-                      "host": facts["gpuops_host"]},
+    plan = vgpu_plan({"gpus": facts["gpu_facts_gpus"], "mdev_parents": facts["gpu_facts_mdev_parents"],
+                      "host": facts["gpu_facts_host"]},
                      config(x=[{"devices": [1], "vgpu-devices": {"A100-4C": 2}},
                                {"devices": [2], "vgpu-devices": {"L40S-1Q": 1}}]), "x")
     assert plan == {
@@ -202,9 +202,9 @@ def test_plan_from_real_gpu_facts(tmp_path):
 def test_plan_ignores_vfs_listed_as_gpus(tmp_path):
     tree = st.build_gpu_host(tmp_path)  # A100 and L40S each have 2 VFs, listed by gpu_facts
     facts = gpu_facts.gather({"addresses": None, "vendors": None, "classes": None, "include_all": False}, tree.root)
-    assert [g["address"] for g in facts["gpuops_gpus"]][:3] == [st.A10, st.A100, st.A100_VFS[0]]
-    plan = vgpu_plan({"gpus": facts["gpuops_gpus"], "mdev_parents": facts["gpuops_mdev_parents"],
-                      "host": facts["gpuops_host"]},
+    assert [g["address"] for g in facts["gpu_facts_gpus"]][:3] == [st.A10, st.A100, st.A100_VFS[0]]
+    plan = vgpu_plan({"gpus": facts["gpu_facts_gpus"], "mdev_parents": facts["gpu_facts_mdev_parents"],
+                      "host": facts["gpu_facts_host"]},
                      config(x=[{"devices": "all", "vgpu-devices": {"A100-4C": 1}},
                                {"devices": [2], "vgpu-devices": {"L40S-1Q": 1}}]), "x")
     assert [(c["parent"], c["pf"]) for c in plan["mdev"]] == [

@@ -37,13 +37,13 @@ def test_defaults_select_nvidia_gpus_and_change_nothing(monkeypatch, host):
     assert kind == "exit"
     assert result["changed"] is False
     facts = result["ansible_facts"]
-    assert sorted(facts) == ["gpuops_gpus", "gpuops_host", "gpuops_iommu", "gpuops_mdev_parents", "gpuops_pci_ids"]
-    assert [gpu["address"] for gpu in facts["gpuops_gpus"]] == [
+    assert sorted(facts) == ["gpu_facts_gpus", "gpu_facts_host", "gpu_facts_iommu", "gpu_facts_mdev_parents", "gpu_facts_pci_ids"]
+    assert [gpu["address"] for gpu in facts["gpu_facts_gpus"]] == [
         st.A10, st.A100, *st.A100_VFS, st.L40S, *st.L40S_VFS]
-    assert facts["gpuops_pci_ids"] == "/usr/share/misc/pci.ids"
-    assert facts["gpuops_iommu"]["enabled"] is True
-    assert [parent["name"] for parent in facts["gpuops_mdev_parents"]] == list(st.A100_VFS)
-    a10 = facts["gpuops_gpus"][0]
+    assert facts["gpu_facts_pci_ids"] == "/usr/share/misc/pci.ids"
+    assert facts["gpu_facts_iommu"]["enabled"] is True
+    assert [parent["name"] for parent in facts["gpu_facts_mdev_parents"]] == list(st.A100_VFS)
+    a10 = facts["gpu_facts_gpus"][0]
     assert a10["device_name"] == "GA102GL [A10]"
     assert a10["driver"] == "nvidia"
     assert a10["iommu_group"] == 12
@@ -51,22 +51,22 @@ def test_defaults_select_nvidia_gpus_and_change_nothing(monkeypatch, host):
         (st.A10, "nvidia"), (st.A10_AUDIO, "snd_hda_intel")]
     assert a10["viable"] is False
     assert a10["sandbox_resource_name"] == "nvidia.com/GA102GL_A10"
-    vf = facts["gpuops_gpus"][2]
+    vf = facts["gpu_facts_gpus"][2]
     assert vf["physfn"] == st.A100
     assert vf["mdev_types"][0]["name"] == "NVIDIA A100-4C"
-    assert facts["gpuops_gpus"][5]["vgpu"]["creatable_types"][0] == {"id": 1155, "name": "NVIDIA L40S-1B"}
+    assert facts["gpu_facts_gpus"][5]["vgpu"]["creatable_types"][0] == {"id": 1155, "name": "NVIDIA L40S-1B"}
 
 
 def test_driver_override_is_null_when_unset(monkeypatch, host):
     kind, result = run(monkeypatch, host.root, {"vendors": ["10de:2236"]})
     assert kind == "exit"
-    a10 = result["ansible_facts"]["gpuops_gpus"][0]
+    a10 = result["ansible_facts"]["gpu_facts_gpus"][0]
     assert a10["driver_override"] is None
     assert [(m["address"], m["driver_override"]) for m in a10["iommu_group_members"]] == [(st.A10, None), (st.A10_AUDIO, None)]
     # An empty attribute (the kernel shows "(null)" or, on some versions, nothing) is unset too.
     host.write(host.functions[st.A10] + "/driver_override", "\n")
     _kind, result = run(monkeypatch, host.root, {"vendors": ["10de:2236"]})
-    assert result["ansible_facts"]["gpuops_gpus"][0]["driver_override"] is None
+    assert result["ansible_facts"]["gpu_facts_gpus"][0]["driver_override"] is None
 
 
 def test_driver_override_of_a_stranded_gpu_and_sibling(tmp_path, monkeypatch):
@@ -80,7 +80,7 @@ def test_driver_override_of_a_stranded_gpu_and_sibling(tmp_path, monkeypatch):
     before = tree.snapshot()
     kind, result = run(monkeypatch, tree.root, {})
     assert kind == "exit" and tree.snapshot() == before
-    a10 = result["ansible_facts"]["gpuops_gpus"][0]
+    a10 = result["ansible_facts"]["gpu_facts_gpus"][0]
     assert (a10["address"], a10["driver"], a10["driver_override"]) == (st.A10, None, "vfio-pci")
     assert [(m["address"], m["driver"], m["driver_override"]) for m in a10["iommu_group_members"]] == [
         (st.A10, None, "vfio-pci"), (st.A10_AUDIO, None, "vfio-pci")]
@@ -89,7 +89,7 @@ def test_driver_override_of_a_stranded_gpu_and_sibling(tmp_path, monkeypatch):
 def test_driver_override_of_a_sibling_on_its_host_driver(monkeypatch, host):
     host.write(host.functions[st.A10_AUDIO] + "/driver_override", "snd_hda_intel\n")
     _kind, result = run(monkeypatch, host.root, {})
-    gpus = result["ansible_facts"]["gpuops_gpus"]
+    gpus = result["ansible_facts"]["gpu_facts_gpus"]
     assert gpus[0]["driver_override"] is None
     assert [(m["driver"], m["driver_override"]) for m in gpus[0]["iommu_group_members"]] == [
         ("nvidia", None), ("snd_hda_intel", "snd_hda_intel")]
@@ -103,7 +103,7 @@ def test_driver_override_without_the_attribute_and_of_a_non_pci_member(monkeypat
     host.mkdir("/sys/devices/platform/dummy.0")
     host.link("/sys/kernel/iommu_groups/12/devices/dummy.0", "/sys/devices/platform/dummy.0")
     _kind, result = run(monkeypatch, host.root, {"vendors": ["10de:2236"]})
-    a10 = result["ansible_facts"]["gpuops_gpus"][0]
+    a10 = result["ansible_facts"]["gpu_facts_gpus"][0]
     assert a10["driver_override"] is None
     assert [(m["address"], m["pci"], m["driver_override"]) for m in a10["iommu_group_members"]] == [
         (st.A10, True, None), (st.A10_AUDIO, True, None), ("dummy.0", False, None)]
@@ -113,7 +113,7 @@ def test_no_group_members_with_the_iommu_off(tmp_path, monkeypatch):
     tree = st.build_gpu_host(tmp_path, iommu=False)
     tree.write(tree.functions[st.A10] + "/driver_override", "vfio-pci\n")
     _kind, result = run(monkeypatch, tree.root, {"vendors": ["10de:2236"]})
-    a10 = result["ansible_facts"]["gpuops_gpus"][0]
+    a10 = result["ansible_facts"]["gpu_facts_gpus"][0]
     assert (a10["driver_override"], a10["iommu_group"], a10["iommu_group_members"]) == ("vfio-pci", None, [])
 
 
@@ -127,26 +127,26 @@ def test_check_mode_gives_the_same_facts(monkeypatch, host):
 def test_selection_by_address(monkeypatch, host):
     kind, result = run(monkeypatch, host.root, {"addresses": ["65:00.1"]})
     assert kind == "exit"
-    gpus = result["ansible_facts"]["gpuops_gpus"]
+    gpus = result["ansible_facts"]["gpu_facts_gpus"]
     assert [gpu["address"] for gpu in gpus] == [st.A10_AUDIO]
     assert gpus[0]["sandbox_resource_name"] == "nvidia.com/GA102_HIGH_DEFINITION_AUDIO_CONTROLLER"
 
 
 def test_selection_by_vendor_and_class(monkeypatch, host):
     _kind, result = run(monkeypatch, host.root, {"vendors": ["1a03"], "classes": ["0300"]})
-    gpus = result["ansible_facts"]["gpuops_gpus"]
+    gpus = result["ansible_facts"]["gpu_facts_gpus"]
     assert [(gpu["address"], gpu["boot_vga"]) for gpu in gpus] == [(st.BMC_VGA, True)]
 
 
 def test_include_all(monkeypatch, host):
     _kind, result = run(monkeypatch, host.root, {"include_all": True})
-    assert len(result["ansible_facts"]["gpuops_gpus"]) == 14
+    assert len(result["ansible_facts"]["gpu_facts_gpus"]) == 14
 
 
 def test_no_match_is_an_empty_list(monkeypatch, host):
     kind, result = run(monkeypatch, host.root, {"vendors": ["ffff"]})
     assert kind == "exit"
-    assert result["ansible_facts"]["gpuops_gpus"] == []
+    assert result["ansible_facts"]["gpu_facts_gpus"] == []
 
 
 @pytest.mark.parametrize("args, message", [
@@ -200,7 +200,7 @@ def test_a_bug_is_a_message_not_a_traceback(monkeypatch, host):
 def test_main_runs(monkeypatch, host):
     kind, result = run_main(monkeypatch, host.root, {"vendors": ["10de:2236"]})
     assert kind == "exit"
-    assert [gpu["address"] for gpu in result["ansible_facts"]["gpuops_gpus"]] == [st.A10]
+    assert [gpu["address"] for gpu in result["ansible_facts"]["gpu_facts_gpus"]] == [st.A10]
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -234,7 +234,7 @@ def test_fuzz_typed_arguments_never_raise_and_change_nothing(monkeypatch, fuzz_r
     kind, result = run_main(monkeypatch, fuzz_root, args)
     assert_ends_cleanly(kind, result)
     if kind == "exit":
-        assert isinstance(result["ansible_facts"]["gpuops_gpus"], list)
+        assert isinstance(result["ansible_facts"]["gpu_facts_gpus"], list)
 
 
 def _write(root, path, text):
@@ -283,13 +283,13 @@ def test_fingerprint_follows_the_boot_settings_and_nothing_else(tmp_path):
 
 def test_prepared_record_is_read_when_valid(monkeypatch, host):
     kind, result = run(monkeypatch, host.root, {})
-    assert kind == "exit" and result["ansible_facts"]["gpuops_host"]["prepared"] is None
-    assert len(result["ansible_facts"]["gpuops_host"]["fingerprint"]) == 64
+    assert kind == "exit" and result["ansible_facts"]["gpu_facts_host"]["prepared"] is None
+    assert len(result["ansible_facts"]["gpu_facts_host"]["fingerprint"]) == 64
     record = _write(pathlib.Path(host.root), gpu_facts.PREPARED_RECORD, '{"inputs": "a", "fingerprint": "b", "runtime": "c", "expected": {}}')
     kind, result = run(monkeypatch, host.root, {})
     expected = {"inputs": "a", "fingerprint": "b", "runtime": "c", "expected": {}}
-    assert result["ansible_facts"]["gpuops_host"]["prepared"] == expected
+    assert result["ansible_facts"]["gpu_facts_host"]["prepared"] == expected
     for broken in ("{not json", "[1, 2]", ""):
         record.write_text(broken)
         kind, result = run(monkeypatch, host.root, {})
-        assert kind == "exit" and result["ansible_facts"]["gpuops_host"]["prepared"] is None
+        assert kind == "exit" and result["ansible_facts"]["gpu_facts_host"]["prepared"] is None

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""gpu_facts' gpuops_host fact: os-release, kernel, managed boot files, mdev devices, SR-IOV counts."""
+"""gpu_facts' gpu_facts_host fact: os-release, kernel, managed boot files, mdev devices, SR-IOV counts."""
 
 from __future__ import annotations
 
@@ -274,8 +274,8 @@ def test_module_returns_gpuops_host(monkeypatch, host):
     kind, result = call_main(monkeypatch, gpu_facts, host.root, {})
     assert kind == "exit" and result["changed"] is False
     facts = result["ansible_facts"]
-    assert sorted(facts) == ["gpuops_gpus", "gpuops_host", "gpuops_iommu", "gpuops_mdev_parents", "gpuops_pci_ids"]
-    assert facts["gpuops_host"]["os"]["id"] == "debian"
-    assert facts["gpuops_host"]["kernel"] == "6.1.0-18-amd64"
-    assert facts["gpuops_host"]["sriov"][st.A100] == {"numvfs": 2, "totalvfs": 20}
+    assert sorted(facts) == ["gpu_facts_gpus", "gpu_facts_host", "gpu_facts_iommu", "gpu_facts_mdev_parents", "gpu_facts_pci_ids"]
+    assert facts["gpu_facts_host"]["os"]["id"] == "debian"
+    assert facts["gpu_facts_host"]["kernel"] == "6.1.0-18-amd64"
+    assert facts["gpu_facts_host"]["sriov"][st.A100] == {"numvfs": 2, "totalvfs": 20}
     assert host.snapshot() == before
