@@ -17,7 +17,7 @@ import errno
 import os
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import parse_cmdline
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError, host_path, read_file
 
 FIRMWARE_TABLES = (("DMAR", "intel"), ("IVRS", "amd"))
 ACPI_TABLES = "/sys/firmware/acpi/tables"
@@ -48,11 +48,10 @@ def _listdir(root, path):
 
 
 def _read_text(root, path):
-    """Read a whole file as text; None when it does not exist."""
+    """Read a whole file as text (``_sysfs.read_file``); None when it or a directory on its way does not exist."""
     full = host_path(root, path)
     try:
-        with open(full, "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+        return read_file(full)
     except (IOError, OSError) as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return None
