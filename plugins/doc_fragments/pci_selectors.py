@@ -3,13 +3,14 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The PCI selector options shared by the modules that act on GPUs (see _pci.SELECTOR_ARGUMENT_SPEC)."""
+"""The PCI selector options shared by the modules that act on GPUs (see _pci.SELECTOR_ARGUMENT_SPEC), and the
+include_all option of the modules that only read (_pci.SELECTION_ARGUMENT_SPEC)."""
 
 from __future__ import annotations
 
 
 class ModuleDocFragment:
-    """Options addresses, vendors and classes."""
+    """Options addresses, vendors and classes; INCLUDE_ALL adds include_all."""
 
     DOCUMENTATION = r"""
 options:
@@ -36,4 +37,14 @@ options:
       - When omitted, C(030000) and C(030200) are used.
     type: list
     elements: str
+"""
+
+    INCLUDE_ALL = r"""
+options:
+  include_all:
+    description:
+      - Take every PCI function of the host, whatever its vendor and class.
+      - Mutually exclusive with O(addresses), O(vendors) and O(classes).
+    type: bool
+    default: false
 """

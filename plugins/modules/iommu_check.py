@@ -24,11 +24,6 @@ description:
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
-  include_all:
-    description:
-      - Check every PCI function of the host.
-    type: bool
-    default: false
   require_cpu_virtualization:
     description:
       - Fail unless the CPU shows hardware virtualisation (C(vmx) or C(svm) in C(/proc/cpuinfo)).
@@ -60,6 +55,7 @@ notes:
   - A flag on the kernel command line is reported but is not taken as proof; only IOMMU groups are.
 extends_documentation_fragment:
   - gpuops.sandbox.pci_selectors
+  - gpuops.sandbox.pci_selectors.include_all
   - gpuops.sandbox.attributes
 attributes:
   diff_mode:

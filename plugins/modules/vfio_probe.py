@@ -34,11 +34,6 @@ description:
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
-  include_all:
-    description:
-      - Consider every PCI function of the host.
-    type: bool
-    default: false
   mdevs:
     description:
       - Which mediated devices to probe.
@@ -65,6 +60,7 @@ notes:
   - A device busy because a VM uses it counts as a problem only for RV(all_ok); RV(devices) says which.
 extends_documentation_fragment:
   - gpuops.sandbox.pci_selectors
+  - gpuops.sandbox.pci_selectors.include_all
   - gpuops.sandbox.attributes
 attributes:
   diff_mode:
