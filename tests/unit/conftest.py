@@ -21,4 +21,4 @@ import pytest  # noqa: E402  pylint: disable=wrong-import-position
 
 # The module harness asserts on behalf of the tests (of modules and of module_utils alike): have pytest explain
 # its failed assertions as theirs. Registered here, before any test file imports it.
-pytest.register_assert_rewrite("ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness")
+pytest.register_assert_rewrite("ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness")

@@ -9,9 +9,8 @@ module's failure.
 
 import pytest
 
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_vfio import RELEASE
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.test_vfio_bind import make_host, run
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.vfio_bind_host import RELEASE, make_host, run
 from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
 
 BLOCK = "Decide the vfio-pci binding before anything changes"

@@ -11,7 +11,7 @@ failure still says what went wrong, and that the secret shows nowhere in the out
 URL-encoded, or base64-encoded (as in an Authorization header or a .dockerconfigjson).
 
 The fake commands print their argv and stdin, and the fake servers quote what they were sent when they refuse it
-(see role_fakes.py): a role that shows a tool's error output or an API's error message shows a secret it passed on.
+(see fakes/role_fakes.py): a role that shows a tool's error output or an API's error message shows a secret it passed on.
 
 Secret inputs (the argument specs' no_log options, and the kubeconfig every cluster role reads):
   vgpu_manager_image: vgpu_manager_image_password, the kubeconfig of vgpu_manager_image_kubeconfig;
@@ -30,7 +30,7 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.gpuops.sandbox.tests.unit import role_fakes
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import role_fakes
 from ansible_collections.gpuops.sandbox.tests.unit.playbook import ansible_playbook
 
 VERSION = "550.90.05"

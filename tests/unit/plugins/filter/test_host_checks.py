@@ -20,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuops.sandbox.plugins.filter.host_checks import FilterModule, host_checks
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
 from ansible_collections.gpuops.sandbox.tests.unit.playbook import ansible_playbook
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 
 GPU = "0000:65:00.0"
 AUDIO = "0000:65:00.1"

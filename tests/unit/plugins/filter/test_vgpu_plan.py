@@ -18,7 +18,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.sandbox.plugins.filter.vgpu_plan import FilterModule, vgpu_plan
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 
 A10_A = "0000:17:00.0"
 A10_B = "0000:65:00.0"

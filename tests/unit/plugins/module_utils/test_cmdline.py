@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _cmdline as cl
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _shellvars as sv
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import grub_files
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import grub_files
 
 DEBIAN_GRUB = grub_files.DEBIAN_GRUB + "#GRUB_TERMINAL=console\n"
 

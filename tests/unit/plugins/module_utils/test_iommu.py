@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _iommu
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 
 
 def test_parse_cmdline_keeps_order_repeats_and_quotes():

@@ -26,7 +26,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._kube import (
     strip_userinfo,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import MASK, GpuopsError
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import JsonHandler
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.fake_kube import JsonHandler
 
 TOKEN = "good-token-value"
 

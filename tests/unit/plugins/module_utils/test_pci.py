@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _pci
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 
 
 @pytest.fixture

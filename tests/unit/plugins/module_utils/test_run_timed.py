@@ -16,7 +16,7 @@ import pytest
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _module
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import patched_module
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import patched_module
 
 pytestmark = pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
 

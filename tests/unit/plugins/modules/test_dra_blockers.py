@@ -23,9 +23,9 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils import _dra_blocker
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _pci
 from ansible_collections.gpuops.sandbox.plugins.modules import dra_blockers
 
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import command_runner, raise_on_exit
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import SysfsTree, remove_process
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.command_host import CommandHost
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import command_runner, raise_on_exit
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sysfs_tree import SysfsTree, remove_process
 
 # The body of the fake systemctl (see CommandHost.python_script).
 FAKE_SYSTEMCTL = r'''import json, shutil

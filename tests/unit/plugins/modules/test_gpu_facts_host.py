@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call_main
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call_main
 
 DEBIAN = """\
 PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"

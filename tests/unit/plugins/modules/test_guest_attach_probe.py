@@ -35,9 +35,9 @@ import pytest
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _guest_probe as gp
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _module
 from ansible_collections.gpuops.sandbox.plugins.modules import guest_attach_probe
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import run_with_commands
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.command_host import CommandHost
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import run_with_commands
 
 UUID = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 RELEASE = "6.1.0-18-amd64"

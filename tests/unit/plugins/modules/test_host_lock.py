@@ -23,8 +23,8 @@ from ansible.module_utils import basic
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _lock
 from ansible_collections.gpuops.sandbox.plugins.modules import host_lock
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import raise_on_exit, run_main
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOSTILE_VALUES, failing_atomic_move
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import raise_on_exit, run_main
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sysfs_tree import HOSTILE_VALUES, failing_atomic_move
 
 BOOT1 = "3f1c9a52-6d0b-4e8f-a1b2-0c9d8e7f6a51"
 BOOT2 = "9b7e2d14-58a3-4c6f-b0e1-d2c3b4a59687"

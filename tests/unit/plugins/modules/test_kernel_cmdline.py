@@ -26,9 +26,9 @@ from ansible.module_utils import basic
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import TIMEOUT_RC
 from ansible_collections.gpuops.sandbox.plugins.modules import kernel_cmdline
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.grub_files import DEBIAN_GRUB
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import run_with_commands
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.command_host import CommandHost
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.grub_files import DEBIAN_GRUB
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import run_with_commands
 
 UBUNTU_GRUB = (
     "GRUB_DEFAULT=0\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\n"

@@ -18,8 +18,8 @@ from hypothesis import strategies as hs
 from ansible.module_utils import basic
 
 from ansible_collections.gpuops.sandbox.plugins.modules import kernel_modules
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import (
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sysfs_tree import (
     HOSTILE_VALUES,
     SysfsTree,
     failing_atomic_move,

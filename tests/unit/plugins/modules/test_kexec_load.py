@@ -24,8 +24,8 @@ from hypothesis import strategies as hs
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _kexec
 from ansible_collections.gpuops.sandbox.plugins.modules import kexec_load
 
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.command_host import CommandHost
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import command_runner, raise_on_exit
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.command_host import CommandHost
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import command_runner, raise_on_exit
 
 UUID = "6f1a2b3c-4d5e-4f60-8172-93a4b5c6d7e8"
 VERSION = "6.1.0-18-amd64"

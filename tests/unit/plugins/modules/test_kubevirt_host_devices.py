@@ -14,9 +14,9 @@ from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import OWNED_ANNOTATION, workload_labels, PlanError
 from ansible_collections.gpuops.sandbox.plugins.modules import kubevirt_host_devices as khd
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import (
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.fake_kube import (
     SECRET_SCENARIOS, FakeKube, check_clean_end, check_no_credential_shown, fuzz_args, fuzz_values)
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call
 
 A10 = {"address": "0000:65:00.0", "vendor": "10de", "device": "2236", "is_vf": False,
        "sandbox_resource_name": "nvidia.com/GA102GL_A10", "mdev_types": []}

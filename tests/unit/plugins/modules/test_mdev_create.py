@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Module tests for mdev_create on fake hosts with a simulated kernel (see test_mdev)."""
+"""Module tests for mdev_create on fake hosts with a simulated kernel (see fakes/mdev_hosts.py)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _sysfs
 from ansible_collections.gpuops.sandbox.plugins.modules import mdev_create
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import (
-    TIMEOUTS_OUT_OF_BOUNDS,
-    assert_run_ends_cleanly,
-    raise_on_exit,
-    run_main,
-)
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_mdev import (
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.mdev_hosts import (
     A100_PF,
     A100_VFS,
     L40S_PF,
@@ -36,8 +30,14 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_mde
     build_mtty,
     install,
 )
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import FakeTree, _oserror
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOSTILE_VALUES, failing_atomic_move
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import (
+    TIMEOUTS_OUT_OF_BOUNDS,
+    assert_run_ends_cleanly,
+    raise_on_exit,
+    run_main,
+)
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import FakeTree, _oserror
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sysfs_tree import HOSTILE_VALUES, failing_atomic_move
 
 UUID1 = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import OWNED_LABELS_ANNOTATION as OWNED
 from ansible_collections.gpuops.sandbox.plugins.modules import node_labels
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.fake_kube import (
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.fake_kube import (
     SECRET_SCENARIOS, FakeKube, check_clean_end, check_no_credential_shown, fuzz_args, fuzz_values)
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call
 
 WL = "nvidia.com/gpu.workload.config"
 VG = "nvidia.com/vgpu.config"

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Module tests for sriov_vfs on a fake sysfs tree with a simulated kernel (see test_sriov)."""
+"""Module tests for sriov_vfs on a fake sysfs tree with a simulated kernel (see fakes/sriov_kernel.py)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
 from ansible_collections.gpuops.sandbox.plugins.modules import sriov_vfs
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import (
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import (
     TIMEOUTS_OUT_OF_BOUNDS,
     assert_run_ends_cleanly,
     raise_on_exit,
     run_main,
 )
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import (
     NVME_PF,
     FakeKernel,
     FakeTree,
@@ -31,7 +31,7 @@ from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sri
     add_nvme_pf,
     install_kernel,
 )
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import HOSTILE_VALUES
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sysfs_tree import HOSTILE_VALUES
 
 
 @pytest.fixture(autouse=True)

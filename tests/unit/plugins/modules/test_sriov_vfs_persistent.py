@@ -20,14 +20,14 @@ from ansible.module_utils import basic
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts, sriov_vfs
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_sriov import (
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import (
     NVME_PF,
     FakeTree,
     add_nvme_pf,
     install_kernel,
 )
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import call
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.sysfs_tree import failing_atomic_move
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sysfs_tree import failing_atomic_move
 
 SECOND_PF = "0000:01:08.0"
 CONF = _sriov.DEFINITIONS_FILE

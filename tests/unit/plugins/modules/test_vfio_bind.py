@@ -16,13 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from ansible.module_utils import basic
-
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sysfs, _vfio
 from ansible_collections.gpuops.sandbox.plugins.modules import vfio_bind
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.module_utils.test_vfio import RELEASE, VfioKernel
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import TIMEOUTS_OUT_OF_BOUNDS, call
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import TIMEOUTS_OUT_OF_BOUNDS
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.vfio_bind_host import RELEASE, make_host, run
 
 A10_RULE = "/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules"
 AUDIO_RULE = "/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.1.rules"
@@ -42,12 +40,6 @@ def fast_clock(monkeypatch):
     monkeypatch.setattr(_sysfs, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
 
 
-def make_host(monkeypatch, tree, **kwargs):
-    kernel = VfioKernel(tree, **kwargs)
-    monkeypatch.setattr(_vfio, "write_attr", kernel.write)
-    return tree, kernel
-
-
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     return make_host(monkeypatch, st.build_vfio_gpu_host(tmp_path, RELEASE))
@@ -61,20 +53,6 @@ def busy_host(tmp_path, monkeypatch):
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     return make_host(monkeypatch, st.build_vfio_lab_host(tmp_path, RELEASE))
-
-
-def run(monkeypatch, host_pair, args, check=False, diff=False):
-    tree, kernel = host_pair
-    full = dict(args)
-    full["_ansible_check_mode"] = check
-    full["_ansible_diff"] = diff
-    with monkeypatch.context() as patch:
-        patch.setattr(basic.AnsibleModule, "run_command", lambda self, argv, **kw: kernel.run_command(argv, **kw))
-        patch.setattr(basic.AnsibleModule, "get_bin_path",
-                      lambda self, name, required=False, opt_dirs=None: "/usr/sbin/" + name)
-        patch.setattr(vfio_bind, "ROOT", tree.root)
-        patch.setattr(vfio_bind, "RELEASE", RELEASE)
-        return call(monkeypatch, vfio_bind.main, full)
 
 
 def assert_refused(monkeypatch, host_pair, args, msg):

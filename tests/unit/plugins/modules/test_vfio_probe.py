@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""vfio_probe on fake hosts with a fake VFIO kernel (tests/unit/plugins/vfio_kernel.py).
+"""vfio_probe on fake hosts with a fake VFIO kernel (tests/unit/fakes/vfio_kernel.py).
 
 The real kernel's answers are the lab's part (tests/integration/targets/vfio_probe); here each answer the
 kernel can give is played once, and the probe must report it as the right problem, close every descriptor and
@@ -18,12 +18,12 @@ import pytest
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio_probe as vp
 from ansible_collections.gpuops.sandbox.plugins.modules import vfio_probe
-from ansible_collections.gpuops.sandbox.tests.unit.plugins import sysfs_tree as st
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.modules.module_harness import (
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import (
     assert_ends_cleanly,
     call_main,
 )
-from ansible_collections.gpuops.sandbox.tests.unit.plugins.vfio_kernel import FakeVfioKernel
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.vfio_kernel import FakeVfioKernel
 
 UUID = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 LEGACY_CALLS = [vp.VFIO_GET_API_VERSION, vp.VFIO_CHECK_EXTENSION, vp.VFIO_GROUP_GET_STATUS,
