@@ -53,6 +53,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._shellvars import (
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, run_timed
 from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import (
+    PENDING_BOOTLOADER,
     Transaction,
     clear_pending,
     describe_pending,
@@ -70,7 +71,7 @@ GRUB2_GENERATED = ("/boot/grub2/grubenv", "/boot/grub2/grub.cfg", KERNEL_CMDLINE
 
 
 # The pending record (see _persist.mark_pending) of a boot configuration written but not yet generated from.
-PENDING = "bootloader"
+PENDING = PENDING_BOOTLOADER
 
 # The failures of the backends: GpuopsError, whose ``extra`` holds further result keys (rc, rolled_back, ...).
 ModuleFailure = GpuopsError

@@ -148,6 +148,9 @@ def changed_files(root, wanted):
 
 
 PENDING_DIR = "/var/lib/gpuops/pending"
+# The pending records there: an initramfs rebuild of kernel_modules, a grub.cfg or BLS generation of kernel_cmdline.
+PENDING_INITRAMFS = "initramfs"
+PENDING_BOOTLOADER = "bootloader"
 
 
 def pending_path(name):
@@ -257,6 +260,30 @@ def apply_files(module, root, changes):
             remove_file(root, path)
         else:
             write_text(module, root, path, text)
+
+
+def write_files(module, root, changes):
+    """Write or remove the files of ``changes`` (``[(path, text_or_None)]``) in that order; when one fails, put
+    back the ones already done and raise PersistError naming the file that failed and each one not put back.
+
+    For callers whose files go with other changes they undo themselves (vfio_bind's udev rules and module
+    files, after the drivers were changed).
+    """
+    saved = []
+    for path, text in changes:
+        try:
+            before = read_text(root, path)
+            if text is None:
+                remove_file(root, path)
+            else:
+                write_text(module, root, path, text)
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            # PersistError (a failed write) or an OSError (a failed removal); anything else (a bug) must not skip
+            # the rollback either.
+            reason = exc.reason if isinstance(exc, PersistError) else _reason(exc)
+            errors = restore(module, root, dict(saved))
+            raise PersistError(path, reason + "".join("; not restored: %s" % error for error in errors)) from exc
+        saved.append((path, before))
 
 
 def _write_as_is(module, path, text):

@@ -27,12 +27,6 @@ description:
   - Reads only; never changes anything.
 author:
   - gpuops.sandbox contributors (@gpuops)
-options:
-  include_all:
-    description:
-      - Select every PCI function of the host.
-    type: bool
-    default: false
 notes:
   - O(addresses), O(include_all) and the O(vendors)/O(classes) selectors are mutually exclusive.
   - The sandbox resource name is what the NVIDIA KubeVirt GPU device plugin would derive from this
@@ -40,6 +34,7 @@ notes:
     C(status.allocatable) are authoritative once the plugin runs.
 extends_documentation_fragment:
   - gpuops.sandbox.pci_selectors
+  - gpuops.sandbox.pci_selectors.include_all
   - gpuops.sandbox.attributes
   - gpuops.sandbox.attributes.facts
 attributes:
@@ -366,16 +361,9 @@ ansible_facts:
           sample: {"inputs": "5e1d...", "fingerprint": "9b1f...", "runtime": "0c7a...", "expected": {}}
 """
 
-import fnmatch
-import hashlib
-import json
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._mdev import list_mdev_devices
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, create_module, run_module
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTION_ARGUMENT_SPEC,
     SELECTION_MUTUALLY_EXCLUSIVE,
@@ -384,6 +372,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     mdev_parents,
     select_from_params,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._host import host_summary
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
 from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio import read_override
 
@@ -422,170 +411,6 @@ def with_overrides(info, root="/"):
     for member in info["iommu_group_members"]:
         member["driver_override"] = read_override(member["address"], root) if member["pci"] else None
     return info
-
-
-# Boot files this collection's modules and roles write; their presence tells what a host was set up for.
-MANAGED_FILES = {
-    # The record of what kernel_cmdline replaced counts too: on grubby, grub2-mkconfig and kernel-install hosts
-    # it is the only file of this collection's kernel arguments.
-    "kernel_cmdline": ["/etc/default/grub.d/99-gpuops-sandbox.cfg", "/etc/kernel/cmdline.d/99-gpuops-sandbox.conf",
-                       "/var/lib/gpuops/kernel_cmdline.json"],
-    "nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"],
-    "vfio_modules": ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"],
-    "mdev_definitions": ["/etc/gpuops/mdev-devices.conf"],
-    "sriov_definitions": ["/etc/gpuops/sriov-vfs.conf"],
-    # Left by kernel_modules / kernel_cmdline while the initramfs or grub.cfg is generated: a run cut short there.
-    "pending": ["/var/lib/gpuops/pending/initramfs.json", "/var/lib/gpuops/pending/bootloader.json"],
-}
-VFIO_RULES_DIR = "/etc/udev/rules.d"
-VFIO_RULE_PREFIX = "61-gpuops-vfio-"
-
-
-def read_os_release(root="/"):
-    """The os-release fields that say which distribution and release the host runs."""
-    info = {}
-    for path in ("/etc/os-release", "/usr/lib/os-release"):
-        try:
-            with open(host_path(root, path)) as handle:
-                text = handle.read()
-        except (IOError, OSError):
-            continue
-        for line in text.splitlines():
-            key, sep, value = line.partition("=")
-            if sep and key.strip() in ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME", "VERSION_CODENAME"):
-                info[key.strip().lower()] = value.strip().strip("\"'")
-        break
-    return {"id": info.get("id"), "id_like": (info.get("id_like") or "").split(),
-            "version_id": info.get("version_id"), "major": (info.get("version_id") or "").split(".")[0] or None,
-            "codename": info.get("version_codename"), "pretty_name": info.get("pretty_name")}
-
-
-def host_summary(root="/"):
-    managed = {}
-    for key, paths in MANAGED_FILES.items():
-        managed[key] = [p for p in paths if os.path.exists(host_path(root, p))]
-    try:
-        rules = sorted(name for name in os.listdir(host_path(root, VFIO_RULES_DIR))
-                       if name.startswith(VFIO_RULE_PREFIX))
-    except (IOError, OSError):
-        rules = []
-    managed["vfio_rules"] = [os.path.join(VFIO_RULES_DIR, name) for name in rules]
-    try:
-        with open(host_path(root, "/proc/sys/kernel/osrelease")) as handle:
-            kernel = handle.read().strip()
-    except (IOError, OSError):
-        kernel = None
-    mdevs = sorted(list_mdev_devices(root).values(), key=lambda dev: dev["uuid"])
-    return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs, "managed_files": managed,
-            "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root),
-            "fingerprint": boot_fingerprint(root, kernel), "prepared": read_prepared(root)}
-
-
-# What a GPU node's preparation depends on at boot: (directory, name pattern, how) - "content" hashes the
-# file, "stat" only its size and modification time (large boot images). {kernel} is the running kernel.
-FINGERPRINT_SOURCES = (
-    ("/proc", "cmdline", "content"),
-    ("/etc/default", "grub", "content"),
-    ("/etc/default/grub.d", "*", "content"),
-    ("/etc/kernel", "cmdline", "content"),
-    ("/etc/kernel/cmdline.d", "*", "content"),
-    ("/etc/modprobe.d", "*", "content"),
-    ("/etc/modules-load.d", "*", "content"),
-    ("/etc", "modules", "content"),
-    ("/etc/initramfs-tools", "modules", "content"),
-    ("/etc/initramfs-tools", "initramfs.conf", "content"),
-    ("/etc/initramfs-tools/conf.d", "*", "content"),
-    ("/etc/dracut.conf.d", "*", "content"),
-    ("/etc/udev/rules.d", VFIO_RULE_PREFIX + "*", "content"),
-    ("/etc/gpuops", "*", "content"),
-    ("/etc/systemd/system", "gpuops-*", "content"),
-    ("/etc/systemd/system/multi-user.target.wants", "gpuops-*", "content"),
-    ("/boot", "initrd.img-{kernel}", "stat"),
-    ("/boot", "initramfs-{kernel}.img", "stat"),
-    ("/boot/grub", "grub.cfg", "stat"),
-    ("/boot/grub2", "grub.cfg", "stat"),
-    ("/boot/loader/entries", "*", "stat"),
-)
-FINGERPRINT_MODULES = ("nouveau", "nvidia*", "vfio*", "mdev", "mtty")
-PREPARED_RECORD = "/var/lib/gpuops/prepared.json"
-
-
-def boot_fingerprint(root="/", kernel=None):
-    """SHA-256 (hex) over FINGERPRINT_SOURCES and the GPU-related loaded modules; never raises."""
-    digest = hashlib.sha256()
-    digest.update(("kernel %s\n" % kernel).encode("utf-8"))
-    for directory, pattern, how in FINGERPRINT_SOURCES:
-        pattern = pattern.format(kernel=kernel or "")
-        base = host_path(root, directory)
-        try:
-            names = sorted(n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern))
-        except (IOError, OSError):
-            continue
-        for name in names:
-            path = os.path.join(base, name)
-            digest.update(("%s/%s\n" % (directory, name)).encode("utf-8", "surrogateescape"))
-            try:
-                if os.path.islink(path):
-                    digest.update(("-> %s\n" % os.readlink(path)).encode("utf-8", "surrogateescape"))
-                    continue
-                if not os.path.isfile(path):
-                    continue
-                if how == "stat":
-                    info = os.stat(path)
-                    digest.update(("%d %d\n" % (info.st_size, info.st_mtime_ns)).encode("utf-8"))
-                else:
-                    with open(path, "rb") as handle:
-                        digest.update(hashlib.sha256(handle.read()).hexdigest().encode("ascii"))
-            except (IOError, OSError) as exc:
-                digest.update(("unreadable %s\n" % exc.errno).encode("utf-8"))
-    try:
-        with open(host_path(root, "/proc/modules")) as handle:
-            names = [line.split(None, 1)[0] for line in handle if line.strip()]
-        loaded = sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in FINGERPRINT_MODULES))
-    except (IOError, OSError):
-        loaded = []
-    digest.update(("modules %s\n" % " ".join(loaded)).encode("utf-8"))
-    return digest.hexdigest()
-
-
-def read_prepared(root="/"):
-    """The record the host preparation left at its last ready run, or None."""
-    try:
-        with open(host_path(root, PREPARED_RECORD)) as handle:
-            record = json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def recorded_sriov_pfs(root="/"):
-    """PF addresses recorded for boot by sriov_vfs (persistent=true)."""
-    try:
-        with open(host_path(root, MANAGED_FILES["sriov_definitions"][0])) as handle:
-            text = handle.read()
-    except (IOError, OSError):
-        return []
-    return sorted(set(line.split()[0] for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")))
-
-
-def sriov_counts(root="/"):
-    """``{pf_address: {"numvfs", "totalvfs"}}`` for every SR-IOV capable function of the host."""
-    base = host_path(root, "/sys/bus/pci/devices")
-    counts = {}
-    try:
-        names = sorted(os.listdir(base))
-    except (IOError, OSError):
-        return counts
-    for name in names:
-        try:
-            with open(os.path.join(base, name, "sriov_numvfs")) as handle:
-                numvfs = int(handle.read().strip() or 0)
-            with open(os.path.join(base, name, "sriov_totalvfs")) as handle:
-                totalvfs = int(handle.read().strip() or 0)
-        except (IOError, OSError, ValueError):
-            continue
-        counts[name] = {"numvfs": numvfs, "totalvfs": totalvfs}
-    return counts
 
 
 def facts(module, root="/"):

@@ -225,7 +225,7 @@ INITRAMFS_TOOLS_DIR = "/usr/share/initramfs-tools/modules.d"
 DRACUT_DIR = "/etc/dracut.conf.d"
 TOOLS = {"initramfs-tools": "update-initramfs", "dracut": "dracut"}
 # The pending record (see _persist.mark_pending) of an initramfs rebuild that has not finished.
-PENDING = "initramfs"
+PENDING = _persist.PENDING_INITRAMFS
 
 
 class ModulesError(GpuopsError):

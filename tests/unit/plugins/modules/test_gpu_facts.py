@@ -11,6 +11,7 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _host
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
 from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import (
@@ -250,14 +251,14 @@ def test_fingerprint_follows_the_boot_settings_and_nothing_else(tmp_path):
     _write(root, "/etc/modprobe.d/gpuops-nouveau.conf", "blacklist nouveau\n")
     _write(root, "/boot/initrd.img-6.1.0", "x" * 10)
     _write(root, "/proc/modules", "vfio_pci 16384 0 - Live 0x0\next4 1 0 - Live 0x0\n")
-    first = gpu_facts.boot_fingerprint(str(root), "6.1.0")
-    assert first == gpu_facts.boot_fingerprint(str(root), "6.1.0")
+    first = _host.boot_fingerprint(str(root), "6.1.0")
+    assert first == _host.boot_fingerprint(str(root), "6.1.0")
     # Files a preparation does not depend on leave it alone.
     _write(root, "/etc/hostname", "node-1\n")
     _write(root, "/etc/udev/rules.d/70-other.rules", "# not ours\n")
     _write(root, "/boot/initrd.img-5.10.0", "old kernel")
     _write(root, "/proc/modules", "vfio_pci 16384 0 - Live 0x0\next4 1 0 - Live 0x0\nxfs 1 0 - Live 0x0\n")
-    assert gpu_facts.boot_fingerprint(str(root), "6.1.0") == first
+    assert _host.boot_fingerprint(str(root), "6.1.0") == first
     # Each of these changes it: a setting edited, a file added or removed, a rebuilt initramfs, a GPU module
     # loaded, another kernel, another command line.
     changes = [
@@ -273,19 +274,19 @@ def test_fingerprint_follows_the_boot_settings_and_nothing_else(tmp_path):
     history = [first]
     for change in changes:
         change()
-        history.append(gpu_facts.boot_fingerprint(str(root), "6.1.0"))
+        history.append(_host.boot_fingerprint(str(root), "6.1.0"))
         assert history[-1] != history[-2]
     # Removing the file added before gives back the fingerprint from before it was added.
     assert history[3] == history[1]
     assert len(set(history)) == len(history) - 1
-    assert gpu_facts.boot_fingerprint(str(root), "6.2.0") not in history
+    assert _host.boot_fingerprint(str(root), "6.2.0") not in history
 
 
 def test_prepared_record_is_read_when_valid(monkeypatch, host):
     kind, result = run(monkeypatch, host.root, {})
     assert kind == "exit" and result["ansible_facts"]["gpu_facts_host"]["prepared"] is None
     assert len(result["ansible_facts"]["gpu_facts_host"]["fingerprint"]) == 64
-    record = _write(pathlib.Path(host.root), gpu_facts.PREPARED_RECORD, '{"inputs": "a", "fingerprint": "b", "runtime": "c", "expected": {}}')
+    record = _write(pathlib.Path(host.root), _host.PREPARED_RECORD, '{"inputs": "a", "fingerprint": "b", "runtime": "c", "expected": {}}')
     kind, result = run(monkeypatch, host.root, {})
     expected = {"inputs": "a", "fingerprint": "b", "runtime": "c", "expected": {}}
     assert result["ansible_facts"]["gpu_facts_host"]["prepared"] == expected

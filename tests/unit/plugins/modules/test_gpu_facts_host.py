@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _host
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
 from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call_main
@@ -71,38 +72,38 @@ UUID_B = "0b5c3d1e-1111-4222-8333-944455556666"
 def test_read_os_release(tmp_path, content, expected):
     tree = st.SysfsTree(tmp_path)
     tree.write("/etc/os-release", content)
-    assert gpu_facts.read_os_release(tree.root) == expected
+    assert _host.read_os_release(tree.root) == expected
 
 
 def test_os_release_fallback_to_usr_lib(tmp_path):
     tree = st.SysfsTree(tmp_path)
     tree.write("/usr/lib/os-release", ROCKY)
-    assert gpu_facts.read_os_release(tree.root)["id"] == "rocky"
+    assert _host.read_os_release(tree.root)["id"] == "rocky"
 
 
 def test_os_release_relative_symlink_is_followed(tmp_path):
     tree = st.SysfsTree(tmp_path)
     tree.write("/usr/lib/os-release", DEBIAN)
     tree.link("/etc/os-release", "/usr/lib/os-release")
-    assert gpu_facts.read_os_release(tree.root)["codename"] == "bookworm"
+    assert _host.read_os_release(tree.root)["codename"] == "bookworm"
 
 
 def test_os_release_etc_wins_over_usr_lib(tmp_path):
     tree = st.SysfsTree(tmp_path)
     tree.write("/etc/os-release", UBUNTU)
     tree.write("/usr/lib/os-release", ROCKY)
-    assert gpu_facts.read_os_release(tree.root)["id"] == "ubuntu"
+    assert _host.read_os_release(tree.root)["id"] == "ubuntu"
 
 
 def test_os_release_dangling_etc_link_falls_back(tmp_path):
     tree = st.SysfsTree(tmp_path)
     tree.raw_link("/etc/os-release", "/nonexistent/os-release")
     tree.write("/usr/lib/os-release", ROCKY)
-    assert gpu_facts.read_os_release(tree.root)["major"] == "9"
+    assert _host.read_os_release(tree.root)["major"] == "9"
 
 
 def test_os_release_missing(tmp_path):
-    assert gpu_facts.read_os_release(str(tmp_path)) == NONE_OS
+    assert _host.read_os_release(str(tmp_path)) == NONE_OS
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -110,7 +111,7 @@ def test_os_release_missing(tmp_path):
 def test_os_release_never_raises(tmp_path, content):
     tree = st.SysfsTree(tmp_path)
     tree.write("/etc/os-release", content)
-    info = gpu_facts.read_os_release(tree.root)
+    info = _host.read_os_release(tree.root)
     assert sorted(info) == ["codename", "id", "id_like", "major", "pretty_name", "version_id"]
     assert isinstance(info["id_like"], list)
 
@@ -119,7 +120,7 @@ def test_os_release_never_raises(tmp_path, content):
 
 
 def test_host_summary_of_a_bare_host(host):
-    summary = gpu_facts.host_summary(host.root)
+    summary = _host.host_summary(host.root)
     fingerprint = summary.pop("fingerprint")
     assert len(fingerprint) == 64 and int(fingerprint, 16) >= 0
     assert summary == {
@@ -137,7 +138,7 @@ def test_managed_files_detected(host):
                  "/etc/gpuops/sriov-vfs.conf"):
         host.write(path, "x\n")
     host.write("/etc/modprobe.d/other.conf", "x\n")
-    managed = gpu_facts.host_summary(host.root)["managed_files"]
+    managed = _host.host_summary(host.root)["managed_files"]
     assert managed == {
         "kernel_cmdline": ["/etc/default/grub.d/99-gpuops-sandbox.cfg"],
         "nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"],
@@ -149,27 +150,27 @@ def test_managed_files_detected(host):
     }
     # A run cut short while the initramfs was generated left its pending record.
     host.write("/var/lib/gpuops/pending/initramfs.json", "{}\n")
-    assert gpu_facts.host_summary(host.root)["managed_files"]["pending"] == ["/var/lib/gpuops/pending/initramfs.json"]
+    assert _host.host_summary(host.root)["managed_files"]["pending"] == ["/var/lib/gpuops/pending/initramfs.json"]
     host.write("/etc/kernel/cmdline.d/99-gpuops-sandbox.conf", "x\n")
     host.write("/etc/modprobe.d/gpuops-vfio.conf", "x\n")
-    managed = gpu_facts.host_summary(host.root)["managed_files"]
-    assert managed["kernel_cmdline"] == ["/etc/default/grub.d/99-gpuops-sandbox.cfg",
-                                         "/etc/kernel/cmdline.d/99-gpuops-sandbox.conf"]
+    managed = _host.host_summary(host.root)["managed_files"]
+    # Nothing in the collection writes a cmdline.d file: one found there is somebody else's.
+    assert managed["kernel_cmdline"] == ["/etc/default/grub.d/99-gpuops-sandbox.cfg"]
     # A grubby host has no drop-in: the record of what kernel_cmdline replaced is how a switch to container
     # knows there are arguments to take off (and values to give back).
     os.unlink(host.path("/etc/default/grub.d/99-gpuops-sandbox.cfg"))
     os.unlink(host.path("/etc/kernel/cmdline.d/99-gpuops-sandbox.conf"))
     host.write("/var/lib/gpuops/kernel_cmdline.json", "{}\n")
-    assert gpu_facts.host_summary(host.root)["managed_files"]["kernel_cmdline"] == ["/var/lib/gpuops/kernel_cmdline.json"]
+    assert _host.host_summary(host.root)["managed_files"]["kernel_cmdline"] == ["/var/lib/gpuops/kernel_cmdline.json"]
     assert managed["vfio_modules"] == ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"]
 
 
 def test_managed_file_names_match_the_kernel_modules_examples():
     """The nouveau/vfio sets documented in kernel_modules land where gpu_facts looks."""
     from ansible_collections.gpuops.sandbox.plugins.modules import kernel_modules
-    assert "%s/gpuops-nouveau.conf" % kernel_modules.MODPROBE_DIR in gpu_facts.MANAGED_FILES["nouveau"]
-    assert "%s/gpuops-vfio.conf" % kernel_modules.MODPROBE_DIR in gpu_facts.MANAGED_FILES["vfio_modules"]
-    assert "%s/gpuops-vfio.conf" % kernel_modules.LOAD_DIR in gpu_facts.MANAGED_FILES["vfio_modules"]
+    assert "%s/gpuops-nouveau.conf" % kernel_modules.MODPROBE_DIR in _host.MANAGED_FILES["nouveau"]
+    assert "%s/gpuops-vfio.conf" % kernel_modules.MODPROBE_DIR in _host.MANAGED_FILES["vfio_modules"]
+    assert "%s/gpuops-vfio.conf" % kernel_modules.LOAD_DIR in _host.MANAGED_FILES["vfio_modules"]
 
 
 def test_vfio_rules_listed_sorted_with_prefix_only(host):
@@ -177,19 +178,19 @@ def test_vfio_rules_listed_sorted_with_prefix_only(host):
     host.write("/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules", "x\n")
     host.write("/etc/udev/rules.d/60-other.rules", "x\n")
     host.write("/etc/udev/rules.d/61-gpuops-vfi.rules", "x\n")
-    rules = gpu_facts.host_summary(host.root)["managed_files"]["vfio_rules"]
+    rules = _host.host_summary(host.root)["managed_files"]["vfio_rules"]
     assert rules == ["/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules",
                      "/etc/udev/rules.d/61-gpuops-vfio-0000:b1:00.0.rules"]
 
 
 def test_vfio_rules_dir_is_a_file(host):
     host.write("/etc/udev/rules.d", "not a directory\n")
-    assert gpu_facts.host_summary(host.root)["managed_files"]["vfio_rules"] == []
+    assert _host.host_summary(host.root)["managed_files"]["vfio_rules"] == []
 
 
 def test_kernel_release(host):
     host.write("/proc/sys/kernel/osrelease", "6.1.0-18-amd64\n")
-    assert gpu_facts.host_summary(host.root)["kernel"] == "6.1.0-18-amd64"
+    assert _host.host_summary(host.root)["kernel"] == "6.1.0-18-amd64"
 
 
 def add_mdev(tree, parent_address, uuid, type_id):
@@ -202,7 +203,7 @@ def add_mdev(tree, parent_address, uuid, type_id):
 def test_mdev_devices_listed_sorted_by_uuid(host):
     add_mdev(host, st.A100_VFS[0], UUID_A, "nvidia-692")
     add_mdev(host, st.A100_VFS[1], UUID_B.upper(), "nvidia-700")
-    mdevs = gpu_facts.host_summary(host.root)["mdev_devices"]
+    mdevs = _host.host_summary(host.root)["mdev_devices"]
     assert mdevs == [
         {"uuid": UUID_B, "parent": st.A100_VFS[1], "type_id": "nvidia-700"},
         {"uuid": UUID_A, "parent": st.A100_VFS[0], "type_id": "nvidia-692"},
@@ -214,7 +215,7 @@ def test_mdev_devices_of_a_non_pci_parent(tmp_path):
     dev_dir = tree.mkdir("/sys/devices/virtual/mtty/mtty/" + UUID_A)
     tree.link(dev_dir + "/mdev_type", "/sys/devices/virtual/mtty/mtty/mdev_supported_types/mtty-2")
     tree.link("/sys/bus/mdev/devices/" + UUID_A, dev_dir)
-    assert gpu_facts.host_summary(tree.root)["mdev_devices"] == [
+    assert _host.host_summary(tree.root)["mdev_devices"] == [
         {"uuid": UUID_A, "parent": "mtty", "type_id": "mtty-2"}]
 
 
@@ -223,28 +224,28 @@ def test_mdev_devices_of_a_non_pci_parent(tmp_path):
 
 def test_sriov_counts_read_numvfs_and_totalvfs(host):
     host.write(host.functions[st.A100] + "/sriov_numvfs", "4\n")
-    assert gpu_facts.sriov_counts(host.root) == {
+    assert _host.sriov_counts(host.root) == {
         st.A100: {"numvfs": 4, "totalvfs": 20}, st.L40S: {"numvfs": 2, "totalvfs": 32}}
 
 
 def test_sriov_counts_skip_unreadable_or_bad_values(host):
     host.write(host.functions[st.L40S] + "/sriov_numvfs", "lots\n")
     os.unlink(host.path(host.functions[st.A100] + "/sriov_totalvfs"))
-    assert gpu_facts.sriov_counts(host.root) == {}
+    assert _host.sriov_counts(host.root) == {}
 
 
 def test_sriov_counts_empty_values_are_zero(host):
     host.write(host.functions[st.A100] + "/sriov_numvfs", "\n")
-    assert gpu_facts.sriov_counts(host.root)[st.A100] == {"numvfs": 0, "totalvfs": 20}
+    assert _host.sriov_counts(host.root)[st.A100] == {"numvfs": 0, "totalvfs": 20}
 
 
 def test_sriov_counts_lab_host(tmp_path):
     tree = st.build_lab_host(tmp_path)
-    assert gpu_facts.sriov_counts(tree.root) == {"0000:02:00.0": {"numvfs": 0, "totalvfs": 4}}
+    assert _host.sriov_counts(tree.root) == {"0000:02:00.0": {"numvfs": 0, "totalvfs": 4}}
 
 
 def test_sriov_counts_without_pci_bus(tmp_path):
-    assert gpu_facts.sriov_counts(str(tmp_path)) == {}
+    assert _host.sriov_counts(str(tmp_path)) == {}
 
 
 def test_recorded_sriov_pfs(host):
@@ -256,12 +257,32 @@ def test_recorded_sriov_pfs(host):
                "   # indented comment\n"
                "0000:b1:00.0 4\n"
                "0000:b1:00.0 4\n")
-    assert gpu_facts.recorded_sriov_pfs(host.root) == [st.A100, st.L40S]
-    assert gpu_facts.host_summary(host.root)["sriov_recorded"] == [st.A100, st.L40S]
+    assert _host.recorded_sriov_pfs(host.root) == [st.A100, st.L40S]
+    assert _host.host_summary(host.root)["sriov_recorded"] == [st.A100, st.L40S]
+
+
+def test_recorded_sriov_pfs_reads_the_file_as_sriov_vfs_does(host):
+    # A line sriov_vfs would not read (no count, a count that is not a number, extra fields) records no PF; the
+    # fact once took the first word of any such line.
+    host.write("/etc/gpuops/sriov-vfs.conf",
+               "0000:cb:00.0 8 1\n"
+               "0000:b1:00.0 four\n"
+               "0000:01:00.0\n"
+               "0000:02:00.0 4 1 extra\n")
+    assert _host.recorded_sriov_pfs(host.root) == ["0000:cb:00.0"]
+
+
+def test_the_managed_files_are_the_paths_their_owners_write():
+    from ansible_collections.gpuops.sandbox.plugins.module_utils import _bootloader, _cmdline, _mdev, _persist, _sriov
+    assert _host.MANAGED_FILES["mdev_definitions"] == [_mdev.DEFINITIONS_FILE]
+    assert _host.MANAGED_FILES["sriov_definitions"] == [_sriov.DEFINITIONS_FILE]
+    assert _host.MANAGED_FILES["kernel_cmdline"] == [
+        "%s/%s" % (_cmdline.GRUB_DROPIN_DIR, _bootloader.DROPIN_NAME), _cmdline.RECORD_FILE]
+    assert _host.MANAGED_FILES["pending"] == [_persist.pending_path("initramfs"), _persist.pending_path("bootloader")]
 
 
 def test_recorded_sriov_pfs_missing_file(host):
-    assert gpu_facts.recorded_sriov_pfs(host.root) == []
+    assert _host.recorded_sriov_pfs(host.root) == []
 
 
 # --------------------------------------------------------------------------- through the module

@@ -18,8 +18,8 @@ from hypothesis import strategies as hs
 
 from ansible.module_utils import basic
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
-from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts, sriov_vfs
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _host, _sriov
+from ansible_collections.gpuops.sandbox.plugins.modules import sriov_vfs
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import (
     NVME_PF,
@@ -333,8 +333,8 @@ def test_gpu_facts_sees_the_recorded_pfs(monkeypatch, host):
     tree, _kernel = host
     run(monkeypatch, {"pf": SECOND_PF, "count": 5, "persistent": True})
     run(monkeypatch, {"pf": NVME_PF, "count": 2, "autoprobe": False, "persistent": True})
-    assert gpu_facts.recorded_sriov_pfs(tree.root) == [NVME_PF, SECOND_PF]
-    assert gpu_facts.host_summary(tree.root)["managed_files"]["sriov_definitions"] == [CONF]
+    assert _host.recorded_sriov_pfs(tree.root) == [NVME_PF, SECOND_PF]
+    assert _host.host_summary(tree.root)["managed_files"]["sriov_definitions"] == [CONF]
 
 
 # --------------------------------------------------------------------------- _sriov helpers
@@ -390,7 +390,7 @@ def gpu_facts_recorded(rendered):
         os.makedirs(os.path.join(root, "etc/gpuops"))
         with open(os.path.join(root, CONF.lstrip("/")), "w") as handle:
             handle.write(rendered)
-        return gpu_facts.recorded_sriov_pfs(root)
+        return _host.recorded_sriov_pfs(root)
 
 
 @settings(max_examples=200, deadline=None)

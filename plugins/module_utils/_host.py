@@ -1,0 +1,186 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What a host runs and what this collection left on it: the ``gpu_facts_host`` fact of gpu_facts.
+
+This file is private to the gpuops.sandbox collection: its interface may change at any time.
+
+Everything here only reads, and never fails on a file it cannot read (the fact says less instead). The
+distribution (os-release), the running kernel, the live mediated devices, the collection's own boot files found
+on the host (their paths come from the module_utils that write them), the SR-IOV VF counts and the VFs recorded
+for boot, the boot fingerprint (one digest over what a GPU node's preparation depends on at boot), and the record
+the host preparation left the last time it found the host ready.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _bootloader, _cmdline, _mdev, _persist, _sriov, _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path, read_file
+
+# The collection's boot files by what they do; their presence tells what a host was set up for. The module files
+# are the ones host_prepare names for kernel_modules (gpuops-nouveau, gpuops-vfio).
+MANAGED_FILES = {
+    # The record of what kernel_cmdline replaced counts too: on grubby, grub2-mkconfig and kernel-install hosts
+    # it is the only file of this collection's kernel arguments.
+    "kernel_cmdline": [_cmdline.GRUB_DROPIN_DIR + "/" + _bootloader.DROPIN_NAME, _cmdline.RECORD_FILE],
+    "nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"],
+    "vfio_modules": ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"],
+    "mdev_definitions": [_mdev.DEFINITIONS_FILE],
+    "sriov_definitions": [_sriov.DEFINITIONS_FILE],
+    # Left by kernel_modules / kernel_cmdline while the initramfs or grub.cfg is generated: a run cut short there.
+    "pending": [_persist.pending_path(_persist.PENDING_INITRAMFS), _persist.pending_path(_persist.PENDING_BOOTLOADER)],
+}
+OS_RELEASE_FILES = ("/etc/os-release", "/usr/lib/os-release")
+OS_RELEASE_KEYS = ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME", "VERSION_CODENAME")
+KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"
+PREPARED_RECORD = "/var/lib/gpuops/prepared.json"
+
+# What a GPU node's preparation depends on at boot: (directory, name pattern, how) - "content" hashes the
+# file, "stat" only its size and modification time (large boot images). {kernel} is the running kernel.
+FINGERPRINT_SOURCES = (
+    ("/proc", "cmdline", "content"),
+    ("/etc/default", "grub", "content"),
+    (_cmdline.GRUB_DROPIN_DIR, "*", "content"),
+    ("/etc/kernel", "cmdline", "content"),
+    ("/etc/kernel/cmdline.d", "*", "content"),
+    ("/etc/modprobe.d", "*", "content"),
+    ("/etc/modules-load.d", "*", "content"),
+    ("/etc", "modules", "content"),
+    ("/etc/initramfs-tools", "modules", "content"),
+    ("/etc/initramfs-tools", "initramfs.conf", "content"),
+    ("/etc/initramfs-tools/conf.d", "*", "content"),
+    ("/etc/dracut.conf.d", "*", "content"),
+    (_vfio.UDEV_RULES_DIR, _vfio.UDEV_RULE_PREFIX + "*", "content"),
+    ("/etc/gpuops", "*", "content"),
+    ("/etc/systemd/system", "gpuops-*", "content"),
+    ("/etc/systemd/system/multi-user.target.wants", "gpuops-*", "content"),
+    ("/boot", "initrd.img-{kernel}", "stat"),
+    ("/boot", "initramfs-{kernel}.img", "stat"),
+    ("/boot/grub", "grub.cfg", "stat"),
+    ("/boot/grub2", "grub.cfg", "stat"),
+    ("/boot/loader/entries", "*", "stat"),
+)
+FINGERPRINT_MODULES = ("nouveau", "nvidia*", "vfio*", "mdev", "mtty")
+
+
+def _text(root, path):
+    """The text of host ``path``, or None when it is missing or cannot be read."""
+    try:
+        return read_file(host_path(root, path))
+    except (IOError, OSError):
+        return None
+
+
+def read_os_release(root="/"):
+    """The os-release fields that say which distribution and release the host runs."""
+    info = {}
+    for path in OS_RELEASE_FILES:
+        text = _text(root, path)
+        if text is None:
+            continue
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() in OS_RELEASE_KEYS:
+                info[key.strip().lower()] = value.strip().strip("\"'")
+        break
+    return {"id": info.get("id"), "id_like": (info.get("id_like") or "").split(),
+            "version_id": info.get("version_id"), "major": (info.get("version_id") or "").split(".")[0] or None,
+            "codename": info.get("version_codename"), "pretty_name": info.get("pretty_name")}
+
+
+def managed_files(root="/"):
+    """The collection's boot files present on the host, by what they do (see MANAGED_FILES), and its udev rules."""
+    managed = {}
+    for key, paths in MANAGED_FILES.items():
+        managed[key] = [p for p in paths if os.path.exists(host_path(root, p))]
+    try:
+        rules = sorted(name for name in os.listdir(host_path(root, _vfio.UDEV_RULES_DIR))
+                       if name.startswith(_vfio.UDEV_RULE_PREFIX))
+    except (IOError, OSError):
+        rules = []
+    managed["vfio_rules"] = [os.path.join(_vfio.UDEV_RULES_DIR, name) for name in rules]
+    return managed
+
+
+def host_summary(root="/"):
+    """The ``gpu_facts_host`` fact."""
+    kernel = (_text(root, KERNEL_RELEASE_FILE) or "").strip() or None
+    mdevs = sorted(_mdev.list_mdev_devices(root).values(), key=lambda dev: dev["uuid"])
+    return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs, "managed_files": managed_files(root),
+            "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root),
+            "fingerprint": boot_fingerprint(root, kernel), "prepared": read_prepared(root)}
+
+
+def boot_fingerprint(root="/", kernel=None):
+    """SHA-256 (hex) over FINGERPRINT_SOURCES and the GPU-related loaded modules; never raises."""
+    digest = hashlib.sha256()
+    digest.update(("kernel %s\n" % kernel).encode("utf-8"))
+    for directory, pattern, how in FINGERPRINT_SOURCES:
+        pattern = pattern.format(kernel=kernel or "")
+        base = host_path(root, directory)
+        try:
+            names = sorted(n for n in os.listdir(base) if fnmatch.fnmatchcase(n, pattern))
+        except (IOError, OSError):
+            continue
+        for name in names:
+            path = os.path.join(base, name)
+            digest.update(("%s/%s\n" % (directory, name)).encode("utf-8", "surrogateescape"))
+            try:
+                if os.path.islink(path):
+                    digest.update(("-> %s\n" % os.readlink(path)).encode("utf-8", "surrogateescape"))
+                    continue
+                if not os.path.isfile(path):
+                    continue
+                if how == "stat":
+                    info = os.stat(path)
+                    digest.update(("%d %d\n" % (info.st_size, info.st_mtime_ns)).encode("utf-8"))
+                else:
+                    with open(path, "rb") as handle:
+                        digest.update(hashlib.sha256(handle.read()).hexdigest().encode("ascii"))
+            except (IOError, OSError) as exc:
+                digest.update(("unreadable %s\n" % exc.errno).encode("utf-8"))
+    modules = _text(root, "/proc/modules") or ""
+    names = [line.split(None, 1)[0] for line in modules.splitlines() if line.strip()]
+    loaded = sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in FINGERPRINT_MODULES))
+    digest.update(("modules %s\n" % " ".join(loaded)).encode("utf-8"))
+    return digest.hexdigest()
+
+
+def read_prepared(root="/"):
+    """The record the host preparation left at its last ready run, or None."""
+    try:
+        record = json.loads(_text(root, PREPARED_RECORD) or "null")
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def recorded_sriov_pfs(root="/"):
+    """PF addresses recorded for boot by sriov_vfs (persistent=true), read by the rules sriov_vfs reads them with."""
+    return sorted(_sriov.parse_definitions(_text(root, _sriov.DEFINITIONS_FILE)))
+
+
+def sriov_counts(root="/"):
+    """``{pf_address: {"numvfs", "totalvfs"}}`` for every SR-IOV capable function of the host."""
+    base = host_path(root, "/sys/bus/pci/devices")
+    counts = {}
+    try:
+        names = sorted(os.listdir(base))
+    except (IOError, OSError):
+        return counts
+    for name in names:
+        try:
+            with open(os.path.join(base, name, "sriov_numvfs")) as handle:
+                numvfs = int(handle.read().strip() or 0)
+            with open(os.path.join(base, name, "sriov_totalvfs")) as handle:
+                totalvfs = int(handle.read().strip() or 0)
+        except (IOError, OSError, ValueError):
+            continue
+        counts[name] = {"numvfs": numvfs, "totalvfs": totalvfs}
+    return counts
