@@ -468,43 +468,13 @@ def plan_files(plan, params, root):
     return changes
 
 
-def write_file(module, root, path, content):
-    """Write ``content`` to host ``path`` atomically, root:root 0644 whatever the umask."""
-    _persist.write_text(module, root, path, content)
-
-
-def _file_error(exc):
-    """Text of a failed file write: PersistError's reason (its message repeats the path), else the error."""
-    if isinstance(exc, _persist.PersistError):
-        return exc.reason
-    if isinstance(exc, (IOError, OSError)):
-        return str(exc)
-    return "%s: %s" % (type(exc).__name__, exc)
-
-
 def apply_files(module, root, changes):
-    """Write or remove each file; on any error put back the ones already done and raise VfioError."""
-    done = []
-    for path, old, new in changes:
-        try:
-            if new is None:
-                os.unlink(host_path(root, path))
-            else:
-                write_file(module, root, path, new)
-            done.append((path, old))
-        except Exception as exc:  # pylint: disable=broad-exception-caught
-            # _persist raises PersistError; anything else (a bug) must not skip the rollback either.
-            undone = []
-            for done_path, done_old in reversed(done):
-                try:
-                    if done_old is None:
-                        os.unlink(host_path(root, done_path))
-                    else:
-                        write_file(module, root, done_path, done_old)
-                except Exception as uexc:  # pylint: disable=broad-exception-caught
-                    undone.append("%s not restored: %s" % (done_path, _file_error(uexc)))
-            raise _vfio.VfioError("writing %s failed: %s%s"
-                                  % (path, _file_error(exc), "".join("; " + u for u in undone)))
+    """Write or remove each file of ``changes`` (``(path, old, new)``); on any error the ones already done are put
+    back (``_persist.write_files``) and VfioError says which file failed and any not put back."""
+    try:
+        _persist.write_files(module, root, [(path, new) for path, _old, new in changes])
+    except _persist.PersistError as exc:
+        raise _vfio.VfioError(exc.msg) from exc
 
 
 def load_drivers(module, drivers):

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sysfs, _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _sysfs, _vfio
 from ansible_collections.gpuops.sandbox.plugins.modules import vfio_bind
 from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import TIMEOUTS_OUT_OF_BOUNDS
@@ -478,14 +478,14 @@ def test_bind_failure_rolls_back_all_functions(monkeypatch, host):
 
 def test_file_write_failure_rolls_back_the_live_change(monkeypatch, host):
     tree, kernel = host
-    real = vfio_bind.write_file
+    real = _persist.write_text
 
-    def failing(module, root, path, content):
+    def failing(module, root, path, content, **kwargs):
         if path == AUDIO_RULE:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(module, root, path, content)
+        return real(module, root, path, content, **kwargs)
 
-    monkeypatch.setattr(vfio_bind, "write_file", failing)
+    monkeypatch.setattr(_persist, "write_text", failing)
     kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "persistent": True})
     assert kind == "fail"
     assert result["msg"] == (
