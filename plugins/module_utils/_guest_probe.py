@@ -55,14 +55,14 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     normalize_pci_address,
     pci_device_dir,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import find_holders, read_identity
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import read_identity
 from ansible_collections.gpuops.sandbox.plugins.module_utils._mdev import (
     MDEV_DEVICES,
     list_mdev_devices,
     normalize_uuid,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio import is_vfio_driver
-from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio_probe import device_target
+from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio_probe import device_target, target_holders
 
 MODES = ("paused", "boot")
 ACCELS = ("auto", "kvm", "tcg")
@@ -231,11 +231,6 @@ def choose_accel(accel, root="/"):
 # The devices on the host
 # ---------------------------------------------------------------------------------------------
 
-def _holders(target, root):
-    nodes = (["/dev/vfio/%s" % target["group"]] if target["group"] is not None else []) + target["cdevs"]
-    return find_holders(nodes, root)
-
-
 def _holders_text(holders):
     return ", ".join("pid %d (%s) holds %s" % (h["pid"], h["cmdline"] or h["comm"] or "?", h["device"])
                      for h in holders)
@@ -294,7 +289,7 @@ def _report(target):
 
 def _busy(report, target, root):
     if report["problem_kind"] is None:
-        holders = _holders(target, root)
+        holders = target_holders(target, root)
         if holders:
             report.update(holders=holders, problem_kind="busy",
                           problem="%s is in use: %s; it was not passed to QEMU (a device a process holds is never "

@@ -41,7 +41,11 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text
 from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import restore_retry_end
-from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import parse_creatable_vgpu_types, read_mdev_types
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
+    parse_creatable_vgpu_types,
+    read_mdev_types,
+    vfio_holders,
+)
 
 MDEV_BUS = "/sys/class/mdev_bus"
 MDEV_DEVICES = "/sys/bus/mdev/devices"
@@ -234,7 +238,7 @@ def list_mdev_devices(root="/"):
 
 def mdev_holders(dev_uuid, root="/"):
     """Return ``[(pid, command)]`` holding the VFIO group or the iommufd cdev of a mediated device open."""
-    return _sriov.vfio_holders(host_path(root, "%s/%s" % (MDEV_DEVICES, dev_uuid)), root)
+    return vfio_holders(host_path(root, "%s/%s" % (MDEV_DEVICES, dev_uuid)), root)
 
 
 # --------------------------------------------------------------------------- vendor-specific vGPU: reading
@@ -567,7 +571,7 @@ def _plan_nvidia_absent(request, root):
     busy = []
     for vf in targets:
         if current_vgpu_type(vf, root) == type_id:
-            for pid, command in _sriov.vfio_holders(vf_dir(vf, root), root):
+            for pid, command in vfio_holders(vf_dir(vf, root), root):
                 busy.append("%s is open by PID %d (%s)" % (vf, pid, command))
             plan["remove"].append(_entry(BACKEND_NVIDIA, vf, type_id, name))
     if busy:

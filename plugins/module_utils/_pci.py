@@ -647,6 +647,35 @@ def select_functions(root="/", addresses=None, vendors=None, classes=None, inclu
 # Holders
 # ---------------------------------------------------------------------------------------------
 
+def vfio_group_node(group):
+    """The VFIO group node of IOMMU group ``group`` (a number or its text): ``/dev/vfio/<group>``."""
+    return "/dev/vfio/%s" % group
+
+
+def vfio_cdevs(device_dir):
+    """The iommufd character devices of a device (``/dev/vfio/devices/vfioN``), as listed in its ``vfio-dev``."""
+    cdev_dir = os.path.join(device_dir, "vfio-dev")
+    if not os.path.isdir(cdev_dir):
+        return []
+    return ["/dev/vfio/devices/" + name for name in sorted(os.listdir(cdev_dir))]
+
+
+def vfio_nodes(device_dir):
+    """The VFIO nodes a VMM opens to use a device (a PCI function's or a mediated device's sysfs directory): its
+    group's node and its iommufd character devices. A device outside any IOMMU group has no group node."""
+    group = link_name(os.path.join(device_dir, "iommu_group"))
+    return ([vfio_group_node(group)] if group is not None else []) + vfio_cdevs(device_dir)
+
+
+def vfio_holders(device_dir, root="/"):
+    """Return ``[(pid, command)]`` of the processes holding a device's VFIO nodes open, one per process;
+    ``command`` is the process's full command line, else its ``comm``, else ``?``."""
+    commands = {}
+    for holder in find_holders(vfio_nodes(device_dir), root):
+        commands.setdefault(holder["pid"], holder["cmdline"] or holder["comm"] or "?")
+    return sorted(commands.items())
+
+
 def find_holders(device_paths, root="/", patterns=None):
     """Return the processes holding any of ``device_paths`` open (``/dev/nvidia0``, ``/dev/vfio/12``).
 

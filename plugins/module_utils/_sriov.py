@@ -26,7 +26,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     wait_until,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
-from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import find_holders
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import vfio_holders
 from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import restore_retry_end
 
 VIRTFN_RE = re.compile(r"\Avirtfn([0-9]{1,9})\Z")
@@ -66,31 +66,6 @@ def list_vfs(pf_dir):
             if target:
                 found.append((int(match.group(1)), target))
     return [address for _index, address in sorted(found)]
-
-
-def iommu_group(device_dir):
-    """Return the IOMMU group number (as a string) of a device directory, or None."""
-    return link_name(os.path.join(device_dir, "iommu_group"))
-
-
-def vfio_holders(device_dir, root="/"):
-    """Return ``[(pid, command)]`` of the processes holding a device's VFIO nodes open, one per process.
-
-    The nodes are the ones a VMM opens to use the device: its group, ``/dev/vfio/<group>``, and its iommufd
-    character devices, ``/dev/vfio/devices/vfioN`` (listed under ``<device>/vfio-dev``). ``command`` is the
-    process's full command line, else its ``comm``, else ``?``.
-    """
-    paths = []
-    group = iommu_group(device_dir)
-    if group is not None:
-        paths.append("/dev/vfio/%s" % group)
-    cdev_dir = os.path.join(device_dir, "vfio-dev")
-    if os.path.isdir(cdev_dir):
-        paths.extend("/dev/vfio/devices/" + name for name in sorted(os.listdir(cdev_dir)))
-    commands = {}
-    for holder in find_holders(paths, root):
-        commands.setdefault(holder["pid"], holder["cmdline"] or holder["comm"] or "?")
-    return sorted(commands.items())
 
 
 def vf_usage(vf_address, root="/"):

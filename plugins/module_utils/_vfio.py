@@ -42,6 +42,8 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     list_functions,
     read_identity,
     sriov_info,
+    vfio_group_node,
+    vfio_nodes,
     vgpu_info,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import normalize_key, parse_cmdline
@@ -123,10 +125,6 @@ def driver_loaded(driver, root="/"):
 def module_for_driver(driver):
     """The kernel module that provides a vfio driver (``vfio-pci`` is module ``vfio_pci``)."""
     return "vfio_pci" if driver == VFIO_PCI_DRIVER else driver
-
-
-def vfio_group_node(group):
-    return "/dev/vfio/%d" % group
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,11 +322,7 @@ def holder_paths(state, root="/"):
     if driver == "nvidia":
         paths.extend(nvidia_device_nodes(state["address"], root))
     elif is_vfio_driver(driver):
-        if state["group"] is not None:
-            paths.append(vfio_group_node(state["group"]))
-        cdev_dir = os.path.join(devdir, "vfio-dev")
-        if os.path.isdir(cdev_dir):
-            paths.extend("/dev/vfio/devices/" + name for name in sorted(os.listdir(cdev_dir)))
+        paths.extend(vfio_nodes(devdir))
     if driver is not None:
         drm_dir = os.path.join(devdir, "drm")
         if os.path.isdir(drm_dir):

@@ -29,7 +29,12 @@ import struct
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path, link_name, read_attr
-from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import find_holders, group_viability
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
+    find_holders,
+    group_viability,
+    vfio_cdevs,
+    vfio_group_node,
+)
 
 # ioctl numbers: _IO(';', nr), no size or direction bits (include/uapi/linux/vfio.h, iommufd.h).
 _TYPE = ord(";")
@@ -262,25 +267,23 @@ def interrupt_remapping(root="/"):
 def device_target(name, device_type, devdir, extra=None):
     """What the probe needs to know about one device: its VFIO group and cdev nodes, from sysfs."""
     group = link_name(os.path.join(devdir, "iommu_group"))
-    cdevs = []
-    cdev_dir = os.path.join(devdir, "vfio-dev")
-    if os.path.isdir(cdev_dir):
-        cdevs = ["/dev/vfio/devices/" + entry for entry in sorted(os.listdir(cdev_dir))]
+    cdevs = vfio_cdevs(devdir)
     target = {"name": name, "type": device_type, "group": int(group) if group is not None and group.isdigit() else None,
               "cdevs": cdevs}
     target.update(extra or {})
     return target
 
 
-def _holders(target, root):
-    nodes = (["/dev/vfio/%s" % target["group"]] if target["group"] is not None else []) + target["cdevs"]
+def target_holders(target, root):
+    """The processes holding the VFIO nodes of a :func:`device_target` (``_pci.find_holders`` entries)."""
+    nodes = ([vfio_group_node(target["group"])] if target["group"] is not None else []) + target["cdevs"]
     return find_holders(nodes, root)
 
 
 def probe_device(kernel, target, root="/"):
     """Probe one device on both paths; returns its report (never raises for a device problem)."""
     report = dict(target)
-    holders = _holders(target, root)
+    holders = target_holders(target, root)
     if holders:
         listed = ", ".join("pid %d (%s) holds %s" % (h["pid"], h["cmdline"] or h["comm"] or "?", h["device"])
                            for h in holders)

@@ -476,6 +476,21 @@ def test_find_holders(host, root):
     assert host.snapshot() == before
 
 
+def test_vfio_nodes_and_holders_of_a_device(host, root):
+    # The one list of the nodes a VMM opens for a device: its group's node and its iommufd character devices.
+    devdir = host.path("/sys/bus/pci/devices/%s" % st.A10)
+    assert _pci.vfio_nodes(devdir) == ["/dev/vfio/12"]
+    host.mkdir("/sys/bus/pci/devices/%s/vfio-dev/vfio3" % st.A10)
+    assert _pci.vfio_nodes(devdir) == ["/dev/vfio/12", "/dev/vfio/devices/vfio3"]
+    assert _pci.vfio_holders(devdir, root) == [(3456, "qemu-kvm")]
+    # A device outside any IOMMU group has no group node, and nothing holds its nodes.
+    lone = host.path("/sys/bus/pci/devices/%s" % st.A10_PORT)
+    if os.path.lexists(os.path.join(lone, "iommu_group")):
+        os.unlink(os.path.join(lone, "iommu_group"))
+    assert _pci.vfio_nodes(lone) == []
+    assert _pci.vfio_holders(lone, root) == []
+
+
 def test_find_holders_patterns(host, root):
     assert [(h["pid"], h["device"]) for h in _pci.find_holders([], root, patterns=["/dev/nvidia*"])] == [
         (1234, "/dev/nvidia0"), (1234, "/dev/nvidiactl"), (2345, "/dev/nvidia0"), (2345, "/dev/nvidia1")]
