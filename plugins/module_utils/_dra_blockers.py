@@ -8,7 +8,7 @@ This file is private to the gpuops.sandbox collection: its interface may change 
 
 The DRA driver's kubelet plugin unbinds a GPU from ``nvidia`` when a VM's claim is prepared; that blocks while
 any process holds one of the GPU's ``/dev/nvidia*`` nodes. This file finds those processes (through the one
-holder scan, ``_pci.find_holders``), tells what each is (a display server, nvidia-persistenced, DCGM,
+holder scan, ``_holders.find_holders``), tells what each is (a display server, nvidia-persistenced, DCGM,
 dcgm-exporter, the classic device plugin, or something else), where it runs (a systemd service, a user
 session, a container or pod) and what to do about it. It reads ``/proc`` under a root given by the caller and
 never changes anything itself: stopping units goes through :class:`Systemd`, whose commands the module runs.
@@ -21,7 +21,7 @@ import os
 import re
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
-from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import find_holders
+from ansible_collections.gpuops.sandbox.plugins.module_utils._holders import find_holders
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
 DISPLAY_MANAGER = "display-manager"

@@ -44,8 +44,8 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import res
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     parse_creatable_vgpu_types,
     read_mdev_types,
-    vfio_holders,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._holders import vfio_holders
 
 MDEV_BUS = "/sys/class/mdev_bus"
 MDEV_DEVICES = "/sys/bus/mdev/devices"

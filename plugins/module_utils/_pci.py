@@ -14,7 +14,6 @@ raised as :class:`SysfsError` (or :class:`SelectorError`); only modules turn the
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
 import re
 
@@ -641,118 +640,6 @@ def select_functions(root="/", addresses=None, vendors=None, classes=None, inclu
         if matches_selectors(read_identity(addr, root), vendor_selectors, class_prefixes):
             chosen.append(addr)
     return chosen
-
-
-# ---------------------------------------------------------------------------------------------
-# Holders
-# ---------------------------------------------------------------------------------------------
-
-def vfio_group_node(group):
-    """The VFIO group node of IOMMU group ``group`` (a number or its text): ``/dev/vfio/<group>``."""
-    return "/dev/vfio/%s" % group
-
-
-def vfio_cdevs(device_dir):
-    """The iommufd character devices of a device (``/dev/vfio/devices/vfioN``), as listed in its ``vfio-dev``."""
-    cdev_dir = os.path.join(device_dir, "vfio-dev")
-    if not os.path.isdir(cdev_dir):
-        return []
-    return ["/dev/vfio/devices/" + name for name in sorted(os.listdir(cdev_dir))]
-
-
-def vfio_nodes(device_dir):
-    """The VFIO nodes a VMM opens to use a device (a PCI function's or a mediated device's sysfs directory): its
-    group's node and its iommufd character devices. A device outside any IOMMU group has no group node."""
-    group = link_name(os.path.join(device_dir, "iommu_group"))
-    return ([vfio_group_node(group)] if group is not None else []) + vfio_cdevs(device_dir)
-
-
-def vfio_holders(device_dir, root="/"):
-    """Return ``[(pid, command)]`` of the processes holding a device's VFIO nodes open, one per process;
-    ``command`` is the process's full command line, else its ``comm``, else ``?``."""
-    commands = {}
-    for holder in find_holders(vfio_nodes(device_dir), root):
-        commands.setdefault(holder["pid"], holder["cmdline"] or holder["comm"] or "?")
-    return sorted(commands.items())
-
-
-def find_holders(device_paths, root="/", patterns=None):
-    """Return the processes holding any of ``device_paths`` open (``/dev/nvidia0``, ``/dev/vfio/12``).
-
-    ``patterns``: absolute shell-style patterns (``fnmatch``: ``*`` also crosses ``/``) matched against
-    every descriptor's target as well, e.g. ``/dev/nvidia*`` for all NVIDIA nodes, ``nvidia-caps/*``
-    included.
-
-    Scans ``/proc/<pid>/fd``; each result is ``{"pid", "comm", "cmdline", "device"}``, one per process
-    and device, sorted by pid then device. ``cmdline`` is the process's full command line, its arguments
-    joined by spaces (at most ``CMDLINE_LIMIT`` characters, then ``...``), or None when unreadable.
-    Processes that exit during the scan, or whose fds cannot be read, are skipped.
-    """
-    wanted = set()
-    for path in device_paths or []:
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise SysfsError("device path %r is not valid; expected an absolute path such as /dev/nvidia0"
-                             % (path,))
-        wanted.add(os.path.normpath(path))
-    globs = []
-    for pattern in patterns or []:
-        if not isinstance(pattern, str) or not pattern.startswith("/"):
-            raise SysfsError("device pattern %r is not valid; expected an absolute pattern such as /dev/nvidia*"
-                             % (pattern,))
-        globs.append(os.path.normpath(pattern))
-    if not wanted and not globs:
-        return []
-    proc = host_path(root, "/proc")
-    try:
-        pids = sorted(int(name) for name in os.listdir(proc) if _is_number(name))
-    except (IOError, OSError) as exc:
-        raise SysfsError("cannot list /proc: %s" % (exc.strerror or exc), path=proc)
-    found = set()
-    comms = {}
-    cmdlines = {}
-    for pid in pids:
-        fd_dir = os.path.join(proc, str(pid), "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except (IOError, OSError):
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except (IOError, OSError):
-                continue
-            if target in wanted or any(fnmatch.fnmatchcase(target, pattern) for pattern in globs):
-                found.add((pid, target))
-                if pid not in comms:
-                    try:
-                        comms[pid] = read_attr(os.path.join(proc, str(pid), "comm"), default="") or None
-                    except SysfsError:
-                        comms[pid] = None
-                    cmdlines[pid] = process_cmdline(os.path.join(proc, str(pid), "cmdline"))
-    return [{"pid": pid, "comm": comms.get(pid), "cmdline": cmdlines.get(pid), "device": device}
-            for pid, device in sorted(found)]
-
-
-# Characters of a holder's command line kept in messages.
-CMDLINE_LIMIT = 400
-
-
-def process_cmdline(path):
-    """The command line in ``path`` (a ``/proc/<pid>/cmdline``), arguments joined by spaces, or None.
-
-    Control characters are shown as ``?`` so a message stays one line; longer than ``CMDLINE_LIMIT``
-    characters is cut with ``...``.
-    """
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(CMDLINE_LIMIT * 4 + 1)
-    except (IOError, OSError):
-        return None
-    args = [arg.decode("utf-8", "replace") for arg in raw.split(b"\0") if arg]
-    if not args:
-        return None
-    text = "".join(ch if ch.isprintable() else "?" for ch in " ".join(args))
-    return text if len(text) <= CMDLINE_LIMIT else text[:CMDLINE_LIMIT] + "..."
 
 
 # Argument spec of the selector options documented by the gpuops.sandbox.pci_selectors doc fragment.

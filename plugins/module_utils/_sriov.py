@@ -26,7 +26,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     wait_until,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
-from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import vfio_holders
+from ansible_collections.gpuops.sandbox.plugins.module_utils._holders import vfio_holders
 from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import restore_retry_end
 
 VIRTFN_RE = re.compile(r"\Avirtfn([0-9]{1,9})\Z")

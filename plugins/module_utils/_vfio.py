@@ -35,17 +35,15 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     VFIO_PCI_DRIVER,
     driver_allows_vfio,
-    find_holders,
     group_viability,
     iommu_group_of,
     iommu_groups,
     list_functions,
     read_identity,
     sriov_info,
-    vfio_group_node,
-    vfio_nodes,
     vgpu_info,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._holders import find_holders, vfio_group_node, vfio_nodes
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import normalize_key, parse_cmdline
 from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import read_text
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, error_text

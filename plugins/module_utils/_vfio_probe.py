@@ -30,11 +30,9 @@ import struct
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path, link_name, read_attr
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
-    find_holders,
     group_viability,
-    vfio_cdevs,
-    vfio_group_node,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._holders import find_holders, vfio_cdevs, vfio_group_node
 
 # ioctl numbers: _IO(';', nr), no size or direction bits (include/uapi/linux/vfio.h, iommufd.h).
 _TYPE = ord(";")
@@ -275,7 +273,7 @@ def device_target(name, device_type, devdir, extra=None):
 
 
 def target_holders(target, root):
-    """The processes holding the VFIO nodes of a :func:`device_target` (``_pci.find_holders`` entries)."""
+    """The processes holding the VFIO nodes of a :func:`device_target` (``_holders.find_holders`` entries)."""
     nodes = ([vfio_group_node(target["group"])] if target["group"] is not None else []) + target["cdevs"]
     return find_holders(nodes, root)
 

@@ -359,7 +359,6 @@ rollback:
   sample: ["0000:65:00.0 back on nvidia"]
 """
 
-import os
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -375,7 +374,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTOR_MUTUALLY_EXCLUSIVE,
     select_functions,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import MAX_WAIT, host_path
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import MAX_WAIT
 
 # The filesystem root and kernel release the module works on; unit tests point them at a fake host.
 ROOT = "/"

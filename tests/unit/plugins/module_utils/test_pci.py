@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _pci
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _holders, _mdev, _pci
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 
@@ -465,49 +465,49 @@ def test_mdev_type_without_name_file_has_no_resource_name(host, root):
 
 def test_find_holders(host, root):
     before = host.snapshot()
-    assert _pci.find_holders(["/dev/nvidia0", "/dev/nvidia1", "/dev/vfio/12"], root) == [
+    assert _holders.find_holders(["/dev/nvidia0", "/dev/nvidia1", "/dev/vfio/12"], root) == [
         {"pid": 1234, "comm": "nvidia-persiste", "cmdline": None, "device": "/dev/nvidia0"},
         {"pid": 2345, "comm": "nv-hostengine", "cmdline": None, "device": "/dev/nvidia0"},
         {"pid": 2345, "comm": "nv-hostengine", "cmdline": None, "device": "/dev/nvidia1"},
         {"pid": 3456, "comm": "qemu-kvm", "cmdline": None, "device": "/dev/vfio/12"},
     ]
-    assert _pci.find_holders(["/dev/nvidia7"], root) == []
-    assert _pci.find_holders([], root) == []
+    assert _holders.find_holders(["/dev/nvidia7"], root) == []
+    assert _holders.find_holders([], root) == []
     assert host.snapshot() == before
 
 
 def test_vfio_nodes_and_holders_of_a_device(host, root):
     # The one list of the nodes a VMM opens for a device: its group's node and its iommufd character devices.
     devdir = host.path("/sys/bus/pci/devices/%s" % st.A10)
-    assert _pci.vfio_nodes(devdir) == ["/dev/vfio/12"]
+    assert _holders.vfio_nodes(devdir) == ["/dev/vfio/12"]
     host.mkdir("/sys/bus/pci/devices/%s/vfio-dev/vfio3" % st.A10)
-    assert _pci.vfio_nodes(devdir) == ["/dev/vfio/12", "/dev/vfio/devices/vfio3"]
-    assert _pci.vfio_holders(devdir, root) == [(3456, "qemu-kvm")]
+    assert _holders.vfio_nodes(devdir) == ["/dev/vfio/12", "/dev/vfio/devices/vfio3"]
+    assert _holders.vfio_holders(devdir, root) == [(3456, "qemu-kvm")]
     # A device outside any IOMMU group has no group node, and nothing holds its nodes.
     lone = host.path("/sys/bus/pci/devices/%s" % st.A10_PORT)
     if os.path.lexists(os.path.join(lone, "iommu_group")):
         os.unlink(os.path.join(lone, "iommu_group"))
-    assert _pci.vfio_nodes(lone) == []
-    assert _pci.vfio_holders(lone, root) == []
+    assert _holders.vfio_nodes(lone) == []
+    assert _holders.vfio_holders(lone, root) == []
 
 
 def test_find_holders_patterns(host, root):
-    assert [(h["pid"], h["device"]) for h in _pci.find_holders([], root, patterns=["/dev/nvidia*"])] == [
+    assert [(h["pid"], h["device"]) for h in _holders.find_holders([], root, patterns=["/dev/nvidia*"])] == [
         (1234, "/dev/nvidia0"), (1234, "/dev/nvidiactl"), (2345, "/dev/nvidia0"), (2345, "/dev/nvidia1")]
     # A pattern adds to the exact paths; a descriptor matching both is listed once.
-    assert [(h["pid"], h["device"]) for h in _pci.find_holders(["/dev/nvidia0", "/dev/vfio/12"], root,
+    assert [(h["pid"], h["device"]) for h in _holders.find_holders(["/dev/nvidia0", "/dev/vfio/12"], root,
                                                                patterns=["/dev/nvidia[1-9]"])] == [
         (1234, "/dev/nvidia0"), (2345, "/dev/nvidia0"), (2345, "/dev/nvidia1"), (3456, "/dev/vfio/12")]
-    assert _pci.find_holders([], root, patterns=["/run/nvidia/driver/dev/nvidia*"]) == []
+    assert _holders.find_holders([], root, patterns=["/run/nvidia/driver/dev/nvidia*"]) == []
     with pytest.raises(_pci.SysfsError, match="device pattern 'nvidia\\*' is not valid"):
-        _pci.find_holders([], root, patterns=["nvidia*"])
+        _holders.find_holders([], root, patterns=["nvidia*"])
 
 
 def test_find_holders_skips_processes_without_fd_dir_or_comm(host, root):
     host.write("/proc/77/comm", "zombie\n")
     host.mkdir("/proc/78/fd")
     host.raw_link("/proc/78/fd/1", "/dev/vfio/12")
-    assert {"pid": 78, "comm": None, "cmdline": None, "device": "/dev/vfio/12"} in _pci.find_holders(["/dev/vfio/12"], root)
+    assert {"pid": 78, "comm": None, "cmdline": None, "device": "/dev/vfio/12"} in _holders.find_holders(["/dev/vfio/12"], root)
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -520,14 +520,14 @@ def test_find_holders_skips_processes_without_fd_dir_or_comm(host, root):
 def test_find_holders_reads_the_full_command_line(host, root, raw, expected):
     with open(host.path("/proc/3456/cmdline"), "wb") as handle:
         handle.write(raw)
-    assert _pci.find_holders(["/dev/vfio/12"], root) == [
+    assert _holders.find_holders(["/dev/vfio/12"], root) == [
         {"pid": 3456, "comm": "qemu-kvm", "cmdline": expected, "device": "/dev/vfio/12"}]
 
 
 @pytest.mark.parametrize("path", ["dev/nvidia0", "", 3, None])
 def test_find_holders_rejects_relative_paths(root, path):
     with pytest.raises(SysfsError) as info:
-        _pci.find_holders([path], root)
+        _holders.find_holders([path], root)
     assert info.value.msg == ("device path %r is not valid; expected an absolute path such as /dev/nvidia0"
                               % (path,))
 

@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _dra_blockers as _db
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _dra_blockers as _db, _holders
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _pci
 from ansible_collections.gpuops.sandbox.plugins.modules import dra_blockers
 
@@ -191,11 +191,11 @@ def test_the_host_driver_root_alone_does_not_see_the_operator_nodes(host):
 
 def test_find_holders_patterns_and_exact_paths_together(host):
     full_host(host)
-    found = _pci.find_holders(["/dev/null"], host.root, patterns=["/dev/nvidia-*"])
+    found = _holders.find_holders(["/dev/null"], host.root, patterns=["/dev/nvidia-*"])
     assert [(h["pid"], h["device"]) for h in found] == [
         (1, "/dev/null"), (5678, "/dev/nvidia-modeset"), (6789, "/dev/null"), (6789, "/dev/nvidia-uvm")]
     with pytest.raises(_pci.SysfsError, match="'dev/nvidia\\*' is not valid"):
-        _pci.find_holders([], host.root, patterns=["dev/nvidia*"])
+        _holders.find_holders([], host.root, patterns=["dev/nvidia*"])
 
 
 @pytest.mark.parametrize("cgroup, unit, where", [

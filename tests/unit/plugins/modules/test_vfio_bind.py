@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _sysfs, _vfio
-from ansible_collections.gpuops.sandbox.plugins.modules import vfio_bind
 from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import TIMEOUTS_OUT_OF_BOUNDS
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.vfio_bind_host import RELEASE, make_host, run
