@@ -14,8 +14,8 @@ description:
   - The one rule for C(gpuops_vfio_binding) and C(gpuops_vgpu_devices), read by the preflight, host_prepare and
     host_verify roles, so that the preparation and the readiness checks never disagree on who owns the devices.
   - The owner given wins when it is not empty. Otherwise it is C(operator) when the play deploys the cluster (a
-    kubeconfig is given): the GPU Operator's sandbox components bind the GPUs and create the vGPU devices. Without
-    a kubeconfig nobody else would, so the host does (C(host)).
+    kubeconfig is given), since the GPU Operator's sandbox components then bind the GPUs and create the vGPU
+    devices. Without a kubeconfig nobody else would, so the host does (C(host)).
   - The owner given is returned as it is, valid or not; checking it is the preflight role's job.
 author:
   - gpuops.sandbox contributors (@gpuops)
