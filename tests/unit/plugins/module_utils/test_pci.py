@@ -496,7 +496,7 @@ def test_find_holders_patterns(host, root):
         (1234, "/dev/nvidia0"), (1234, "/dev/nvidiactl"), (2345, "/dev/nvidia0"), (2345, "/dev/nvidia1")]
     # A pattern adds to the exact paths; a descriptor matching both is listed once.
     assert [(h["pid"], h["device"]) for h in _holders.find_holders(["/dev/nvidia0", "/dev/vfio/12"], root,
-                                                               patterns=["/dev/nvidia[1-9]"])] == [
+                                                                   patterns=["/dev/nvidia[1-9]"])] == [
         (1234, "/dev/nvidia0"), (2345, "/dev/nvidia0"), (2345, "/dev/nvidia1"), (3456, "/dev/vfio/12")]
     assert _holders.find_holders([], root, patterns=["/run/nvidia/driver/dev/nvidia*"]) == []
     with pytest.raises(_pci.SysfsError, match="device pattern 'nvidia\\*' is not valid"):
