@@ -501,6 +501,21 @@ def kubectl(api, *args, check=True, stdin=None, kubeconfig=None, timeout=120):
     return proc
 
 
+def wait_established(api, crd, timeout=60):
+    """Wait until the CRD ``crd`` (``crd/<name>``) is Established. Right after it is created the API server may
+    not have given it any status yet, and ``kubectl wait`` then fails at once ("accessor error: <nil>") instead
+    of waiting: that answer is retried until ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(1, int(deadline - time.monotonic()))
+        proc = kubectl(api, "wait", "--for=condition=Established", crd, "--timeout=%ds" % left, check=False)
+        if proc.returncode == 0:
+            return proc
+        if "accessor error" not in proc.stderr or time.monotonic() >= deadline:
+            raise AssertionError("kubectl wait --for=condition=Established %s: %s" % (crd, proc.stderr))
+        time.sleep(1)
+
+
 def kget(api, *args):
     return json.loads(kubectl(api, "get", *args, "-o", "json").stdout)
 

@@ -35,6 +35,7 @@ from conftest import (
     kubectl,
     run,
     value_paths,
+    wait_established,
     write_inventory,
 )
 
@@ -345,7 +346,7 @@ def test_validate_waits_for_labels_and_resources_then_tries_a_vm(kube_api, helm_
             labels.append("nvidia.com/vgpu.config.state=success")
         kubectl(kube_api, "label", "node", node, "--overwrite", *labels)
     kubectl(kube_api, "apply", "-f", VM_CRD)
-    kubectl(kube_api, "wait", "--for=condition=Established", "crd/virtualmachines.kubevirt.io", "--timeout=60s")
+    wait_established(kube_api, "crd/virtualmachines.kubevirt.io")
     proc = playbook(helm_repo, inv, "validate.yml", "-e", "gpuops_validate_test_vm=true",
                     "-e", "cluster_validate_vm_running=false")
     try:
@@ -399,7 +400,7 @@ def test_validate_waits_for_the_dra_drivers_slices_then_tries_a_vm_with_a_claim(
                 "in its ResourceSlices (they offer mig).") in flat, flat[-4000:]
         kubectl(kube_api, "replace", "-f", "-", stdin=json.dumps(dra_slice([("gpu-0", "gpu"), ("gpu-0-vfio", "vfio")])))
         kubectl(kube_api, "apply", "-f", VM_CRD)
-        kubectl(kube_api, "wait", "--for=condition=Established", "crd/virtualmachines.kubevirt.io", "--timeout=60s")
+        wait_established(kube_api, "crd/virtualmachines.kubevirt.io")
         proc, flat = validate("-e", "gpuops_validate_test_vm=true", "-e", "cluster_validate_vm_running=false",
                               "-e", "cluster_validate_vm_keep=true", "-e", "cluster_validate_vm_node=lab-container")
         assert proc.returncode == 0, proc.stdout[-6000:]

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import TOP, delete_crds, kubectl, run
+from conftest import TOP, delete_crds, kubectl, run, wait_established
 
 # The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
 pytestmark = pytest.mark.usefixtures("overlap_lab_work")
@@ -46,7 +46,7 @@ def vmis(kube_api):
     api = kube_api
     before = set(kubectl(api, "get", "crds", "-o", "name").stdout.split())
     kubectl(api, "apply", "-f", VMI_CRD)
-    kubectl(api, "wait", "--for=condition=Established", "crd/virtualmachineinstances.kubevirt.io", "--timeout=60s")
+    wait_established(api, "crd/virtualmachineinstances.kubevirt.io")
     for item in VMIS:
         status = item["status"]
         kubectl(api, "apply", "-f", "-", stdin=json.dumps(dict(item, status={})))
