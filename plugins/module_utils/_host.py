@@ -21,7 +21,7 @@ import json
 import os
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _bootloader, _cmdline, _mdev, _persist, _sriov, _vfio
-from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path, read_file
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
 # The collection's boot files by what they do; their presence tells what a host was set up for. The module files
 # are the ones host_prepare names for kernel_modules (gpuops-nouveau, gpuops-vfio).
@@ -69,19 +69,11 @@ FINGERPRINT_SOURCES = (
 FINGERPRINT_MODULES = ("nouveau", "nvidia*", "vfio*", "mdev", "mtty")
 
 
-def _text(root, path):
-    """The text of host ``path``, or None when it is missing or cannot be read."""
-    try:
-        return read_file(host_path(root, path))
-    except (IOError, OSError):
-        return None
-
-
 def read_os_release(root="/"):
     """The os-release fields that say which distribution and release the host runs."""
     info = {}
     for path in OS_RELEASE_FILES:
-        text = _text(root, path)
+        text = _persist.read_text(root, path)
         if text is None:
             continue
         for line in text.splitlines():
@@ -110,7 +102,7 @@ def managed_files(root="/"):
 
 def host_summary(root="/"):
     """The ``gpu_facts_host`` fact."""
-    kernel = (_text(root, KERNEL_RELEASE_FILE) or "").strip() or None
+    kernel = (_persist.read_text(root, KERNEL_RELEASE_FILE) or "").strip() or None
     mdevs = sorted(_mdev.list_mdev_devices(root).values(), key=lambda dev: dev["uuid"])
     return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs, "managed_files": managed_files(root),
             "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root),
@@ -145,7 +137,7 @@ def boot_fingerprint(root="/", kernel=None):
                         digest.update(hashlib.sha256(handle.read()).hexdigest().encode("ascii"))
             except (IOError, OSError) as exc:
                 digest.update(("unreadable %s\n" % exc.errno).encode("utf-8"))
-    modules = _text(root, "/proc/modules") or ""
+    modules = _persist.read_text(root, "/proc/modules") or ""
     names = [line.split(None, 1)[0] for line in modules.splitlines() if line.strip()]
     loaded = sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in FINGERPRINT_MODULES))
     digest.update(("modules %s\n" % " ".join(loaded)).encode("utf-8"))
@@ -155,7 +147,7 @@ def boot_fingerprint(root="/", kernel=None):
 def read_prepared(root="/"):
     """The record the host preparation left at its last ready run, or None."""
     try:
-        record = json.loads(_text(root, PREPARED_RECORD) or "null")
+        record = json.loads(_persist.read_text(root, PREPARED_RECORD) or "null")
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
@@ -163,7 +155,7 @@ def read_prepared(root="/"):
 
 def recorded_sriov_pfs(root="/"):
     """PF addresses recorded for boot by sriov_vfs (persistent=true), read by the rules sriov_vfs reads them with."""
-    return sorted(_sriov.parse_definitions(_text(root, _sriov.DEFINITIONS_FILE)))
+    return sorted(_sriov.parse_definitions(_persist.read_text(root, _sriov.DEFINITIONS_FILE)))
 
 
 def sriov_counts(root="/"):
