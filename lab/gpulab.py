@@ -54,7 +54,7 @@ INVENTORY_CONNECTION = os.path.join(INVENTORY_DIR, "zz-lab-connection.yml")
 IMAGE_FILES = os.path.join(TOP, "lab", "image")
 
 # Bump when the image recipe changes: a cached image built by an older recipe is rebuilt.
-RECIPE_VERSION = "9"
+RECIPE_VERSION = "10"
 SUITE = "bookworm"
 IMAGE_NAME = "debian12-gpulab"
 DISK_SIZE = 4 * 1024 ** 3
@@ -334,6 +334,12 @@ StandardOutput=journal+console
 [Install]
 WantedBy=multi-user.target
 """)
+    # The guest's Python keeps the bytecode of the module payloads Ansible sends (lab/guest_pycache.py).
+    site = os.path.join(rootfs, "usr/lib/python3/dist-packages")
+    os.makedirs(site, exist_ok=True)
+    shutil.copy2(os.path.join(LAB_DIR, "guest_pycache.py"), os.path.join(site, "gpulab_pycache.py"))
+    write_file(rootfs, "/usr/lib/python3/dist-packages/gpulab-pycache.pth",
+               "import gpulab_pycache; gpulab_pycache.install()\n")
     # mtty: the kernel's sample mdev parent, loaded at boot.
     dest = os.path.join(rootfs, "lib/modules", kver, "updates")
     os.makedirs(dest, exist_ok=True)
