@@ -106,8 +106,10 @@ unit: venv
 
 # The tests start their own API server from an empty store (not the main job's: `make site` leaves its
 # labels, releases and KubeVirt settings there), so only the binaries are a prerequisite.
+# At the end it says where the tier's CPU time went (scripts/cpu_share.py; also as JSON under .build/).
 integration: lab-image kube-binaries
-	GPUOPS_KUBE_TEST_STATE=$(KUBE_TEST_STATE) pytest -q --durations=0 tests/integration
+	GPUOPS_KUBE_TEST_STATE=$(KUBE_TEST_STATE) $(BIN)/python scripts/cpu_share.py .build/cpu-share-integration.json -- \
+		pytest -q --durations=0 tests/integration
 
 bench: venv hostdeps
 	$(BIN)/python scripts/bench.py

@@ -35,6 +35,21 @@ def lab(*args, **kwargs):
     return run(LAB + list(args), **kwargs)
 
 
+def console_tail(host, lines=60):
+    """The end of a lab host's serial console (and of the boot before, which a reboot keeps), for a failure's
+    message: a host that did not come back from a reboot says why only there."""
+    state = os.environ.get("GPUOPS_LAB_STATE") or os.path.join(TOP, ".lab")
+    parts = []
+    for name in ("console.log.previous", "console.log"):
+        try:
+            with open(os.path.join(state, host, name), errors="replace") as handle:
+                text = handle.read().splitlines()[-lines:]
+        except OSError:
+            continue
+        parts.append("--- %s %s (last %d lines)\n%s" % (host, name, len(text), "\n".join(text)))
+    return "\n".join(parts) or "(no console log of %s)" % host
+
+
 def lab_status():
     return json.loads(lab("status", "--json", check=True).stdout)["hosts"]
 

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from conftest import SCENARIOS, action_output, lab, reboots, run
+from conftest import SCENARIOS, action_output, console_tail, lab, reboots, run
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def scenario_runs(scenario_batch):
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_workload_scenario(scenario_runs, scenario):
     rc, out, elapsed = scenario_runs[scenario]
-    assert rc == 0, out[-10000:]
+    assert rc == 0, out[-10000:] + "\n" + console_tail(SCENARIOS[scenario])
     converge = action_output(out, "converge")
     idempotence = action_output(out, "idempotence")
     assert "PLAY RECAP" in converge and "PLAY RECAP" in idempotence, out[-4000:]

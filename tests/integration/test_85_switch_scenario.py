@@ -9,15 +9,15 @@ fails the scenario when a leg keeps anything of the type it left.
 
 import re
 
-from conftest import action_output, lab, reboots, run
+from conftest import action_output, console_tail, lab, reboots, run
 
 
-def switched(background, scenario, source):
+def switched(background, scenario, source, host):
     """The output of a switch scenario that passed: the host was already of its type, so no reboot on
     converge, one per switch (side_effect goes there and back) and none on idempotence."""
     assert background is not None, "the %s scenario starts from the %s host, whose scenario failed" % (scenario, source)
     rc, out, elapsed = background.results()[scenario]
-    assert rc == 0, out[-10000:]
+    assert rc == 0, out[-10000:] + "\n" + console_tail(host)
     assert reboots(action_output(out, "converge")) == 0
     assert reboots(action_output(out, "side_effect")) == 2
     assert reboots(action_output(out, "idempotence")) == 0
@@ -30,14 +30,14 @@ def switched(background, scenario, source):
 
 def test_switch_scenario(switch_run):
     """vm-passthrough -> container -> vm-passthrough on lab-passthrough."""
-    assert switched(switch_run, "switch", "vm_passthrough") >= 15
+    assert switched(switch_run, "switch", "vm_passthrough", "lab-passthrough") >= 15
 
 
 def test_dra_switch_scenario(dra_switch_run):
     """dra -> vm-passthrough -> dra on lab-dra, the host of another shape (a GPU slot with audio and USB
     functions, a GPU behind a PCIe switch): the dra node's checks and those of both legs (the passthrough leg's
     binding and VFIO probe, the dra leg's drivers given back)."""
-    assert switched(dra_switch_run, "dra_switch", "dra") >= 10
+    assert switched(dra_switch_run, "dra_switch", "dra", "lab-dra") >= 10
 
 
 # Everything a refused switch could have touched: boot files, udev rules, this collection's records, the boot
