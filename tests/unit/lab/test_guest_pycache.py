@@ -87,4 +87,3 @@ def test_an_unwritable_cache_still_imports(tmp_path):
     archive = tmp_path / "run.zip"
     make_payload(archive, "one")
     assert run_child(tmp_path, archive)["value"] == "one"
-
