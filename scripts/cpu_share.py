@@ -111,7 +111,7 @@ class Sampler:
             wall, 100 * summary["busy_share"], summary["busy_core_seconds"], wall * cores)]
         # Processes that began and ended between two samples (Ansible's workers and module runs, kubectl,
         # ssh...) are in the machine's busy time but in no row above.
-        unseen = max(busy - sum(ticks for _, ticks in rows), 0)
+        unseen = max(busy - sum(row[1] for row in rows), 0)
         summary["kinds"][SHORT] = round(unseen / TICKS, 1)
         rows = sorted(rows + [(SHORT, unseen)], key=lambda item: -item[1])
         for kind, ticks in rows:
