@@ -334,8 +334,8 @@ class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
     (the image, API server, chart, operator and docs tests): the four workload-type scenarios on the GPU
     hosts, then on lab-passthrough the switch scenario, on lab-dra the dra_switch scenario and on lab-vgpu the
-    power-loss run as soon as their scenario passed, and the module targets on lab-modules from the start. The tests from test_82 on check
-    what each left."""
+    power-loss run as soon as their scenario passed, all from the session's start, and the module targets on
+    lab-modules once the lab CLI tests are done with that host. The tests from test_82 on check what each left."""
 
     def __init__(self):
         self.scenarios = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS})
@@ -344,10 +344,23 @@ class LabWork:
         self.dra_switch = After(self.scenarios, "dra", lambda: BackgroundRuns(
             {"dra_switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
         self.power_loss = After(self.scenarios, "vm_vgpu", PowerLossRun)
-        self.modules = ModuleTargetsRun()
-        self.parts = [self.scenarios, self.switch, self.dra_switch, self.power_loss, self.modules]
+        self._modules = None
+
+    @property
+    def modules(self):
+        """The module targets on lab-modules, started on first use: the lab CLI tests (test_10) use that host
+        first, while the GPU hosts already work."""
+        if self._modules is None:
+            self._modules = ModuleTargetsRun()
+        return self._modules
+
+    @property
+    def parts(self):
+        return [self.scenarios, self.switch, self.dra_switch, self.power_loss] + [
+            part for part in (self._modules,) if part is not None]
 
     def settle(self):
+        self.modules.results()
         for part in self.parts:
             part.results()
 
@@ -364,12 +377,26 @@ def lab_work():
     work.kill()
 
 
+def session_checks_lab_work(session):
+    return any("lab_work" in item.fixturenames for item in session.items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lab_work_from_the_start(request):
+    """The GPU hosts' work (scenarios and what follows them) starts before the session's first test when later
+    tests check it: it is the session's longest chain, and the first tests (the lab CLI's) keep one core busy
+    at most. A no-op in a session without such tests."""
+    if session_checks_lab_work(request.session):
+        request.getfixturevalue("lab_work")
+
+
 @pytest.fixture(scope="session")
 def overlap_lab_work(request):
-    """Starts the lab's work before these tests when later tests of the session check it, so the lab hosts
-    work while the controller runs these; a no-op in a session without such tests."""
-    if any("lab_work" in item.fixturenames for item in request.session.items):
-        request.getfixturevalue("lab_work")
+    """Starts the module targets on lab-modules (the GPU hosts' work runs from the start) before these tests
+    when later tests of the session check them, so the lab hosts work while the controller runs these; a
+    no-op in a session without such tests."""
+    if session_checks_lab_work(request.session):
+        request.getfixturevalue("lab_work").modules  # pylint: disable=expression-not-assigned
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,7 @@ import pytest
 from conftest import FRESH_PIDS, TOP, lab, lab_status, run
 
 # The spare host: booted here from a fresh overlay, it is where the module targets run next (conftest
-# ModuleTargetsRun takes it as it is, with no second boot), while the GPU hosts stay off until their scenarios
-# boot them.
+# ModuleTargetsRun takes it as it is, with no second boot), while the GPU hosts' scenarios already run.
 VICTIM = "lab-modules"
 
 

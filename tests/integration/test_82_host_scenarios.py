@@ -2,8 +2,8 @@
 
 The four workload-type scenarios (container, vm_passthrough, vm_vgpu, dra) run at the same time, each on its own lab host (create resets the host
 to the pristine image; check, converge with at most one reboot, idempotence, testinfra verify). They start
-in the background before the image, API server and docs tests (conftest.LabWork, with the module targets on
-the spare host) and leave their hosts prepared: the switch scenario then starts at once from the
+in the background at the session's start (conftest.LabWork; the module targets follow on the spare host
+once the lab CLI tests are done with it) and leave their hosts prepared: the switch scenario then starts at once from the
 vm_passthrough host and the power-loss run from the vm_vgpu host (test_85 and test_87 check them), the
 failure paths here run against lab-container (whose VM has no IOMMU in its firmware), and test_95 runs the
 main job on all four.
