@@ -120,6 +120,16 @@ class Sampler:
         return summary, "\n".join(lines)
 
 
+def write_report(output, summary):
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        with open(output + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(summary, handle, indent=2)
+        os.replace(output + ".tmp", output)
+    except OSError as exc:
+        print("cpu_share: could not write %s: %s" % (output, exc), file=sys.stderr)
+
+
 def main(argv):
     if len(argv) < 3 or argv[1] != "--":
         sys.stderr.write("usage: cpu_share.py OUTPUT -- COMMAND...\n")
@@ -128,24 +138,28 @@ def main(argv):
     sampler = Sampler()
     sampler.sample(baseline=True)
     started = time.monotonic()
+    timeline = []
     proc = subprocess.Popen(command)  # pylint: disable=consider-using-with
     try:
         while proc.poll() is None:
             time.sleep(INTERVAL)
             sampler.sample()
+            # Every minute the report so far, with the totals at each minute: a run stopped from outside (a
+            # CI time limit) still leaves where its time went up to then.
+            elapsed = time.monotonic() - started
+            if elapsed >= 60 * (len(timeline) + 1):
+                summary = sampler.report(elapsed)[0]
+                timeline.append({"at": round(elapsed), "busy": summary["busy_core_seconds"], "kinds": summary["kinds"]})
+                summary["timeline"], summary["returncode"] = timeline, None
+                write_report(output, summary)
     except KeyboardInterrupt:
         proc.terminate()
         proc.wait()
     sampler.sample()
     summary, text = sampler.report(time.monotonic() - started)
-    summary["returncode"] = proc.returncode
+    summary["returncode"], summary["timeline"] = proc.returncode, timeline
     print(text, flush=True)
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        with open(output, "w", encoding="utf-8") as handle:
-            json.dump(summary, handle, indent=2)
-    except OSError as exc:
-        print("cpu_share: could not write %s: %s" % (output, exc), file=sys.stderr)
+    write_report(output, summary)
     return proc.returncode
 
 

@@ -102,6 +102,35 @@ class BackgroundRuns:
             state_dir = os.path.join(self.dir, name + ".state")
             self.procs[name] = (molecule(name, env, output=handle, state_dir=state_dir), handle)
         self._results = None
+        # When each molecule action began, from the logs (timeline.json beside them): what each step costs.
+        self.timeline = {name: [] for name in specs}
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self):
+        action = re.compile(r"^INFO\s+\[\S+ > (\w+)\] Executing$", re.M)
+        while True:
+            running = False
+            for name, (proc, _handle) in self.procs.items():
+                seen = self.timeline[name]
+                try:
+                    with open(os.path.join(self.dir, name + ".log"), encoding="utf-8", errors="replace") as log:
+                        actions = action.findall(log.read())
+                except OSError:
+                    actions = []
+                now = round(time.monotonic() - self.started)
+                seen.extend([step, now] for step in actions[len([s for s in seen if s[0] != "end"]):])
+                if proc.poll() is None:
+                    running = True
+                elif not seen or seen[-1][0] != "end":
+                    seen.append(["end", now])
+            try:
+                with open(os.path.join(self.dir, "timeline.json"), "w", encoding="utf-8") as out:
+                    json.dump(self.timeline, out)
+            except OSError:
+                pass
+            if not running:
+                return
+            time.sleep(5)
 
     def wait(self, name, timeout=3600):
         """The return code of one run, once it has ended."""
