@@ -2,7 +2,7 @@
 lab-dra from dra to vm-passthrough and back (scenario dra_switch).
 
 Each starts, in the background, from the host its workload scenario of test_82 left prepared (molecule create
-reuses it) as soon as that scenario has passed, and runs while the image, API server and docs tests
+reuses it; no converge or idempotence step, see switched()) as soon as that scenario has passed, and runs while the image, API server and docs tests
 use the controller; this test waits for it. Each switch undoes the old type and reboots once; host_verify
 fails the scenario when a leg keeps anything of the type it left.
 """
@@ -13,14 +13,13 @@ from conftest import action_output, console_tail, lab, reboots, run
 
 
 def switched(background, scenario, source, host):
-    """The output of a switch scenario that passed: the host was already of its type, so no reboot on
-    converge, one per switch (side_effect goes there and back) and none on idempotence."""
+    """The output of a switch scenario that passed: one reboot per switch (side_effect goes there and back). The
+    scenario runs no converge or idempotence step: the host's workload scenario made that no-op run before, and
+    after the switch back the held-host test below and test_95's site run find nothing to change."""
     assert background is not None, "the %s scenario starts from the %s host, whose scenario failed" % (scenario, source)
     rc, out, elapsed = background.results()[scenario]
     assert rc == 0, out[-10000:] + "\n" + console_tail(host)
-    assert reboots(action_output(out, "converge")) == 0
     assert reboots(action_output(out, "side_effect")) == 2
-    assert reboots(action_output(out, "idempotence")) == 0
     # The verifier ran its checks (one that collected nothing passes too).
     passed = re.findall(r"(\d+) passed", action_output(out, "verify"))
     assert passed, action_output(out, "verify")[-4000:]
