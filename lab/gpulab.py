@@ -335,11 +335,10 @@ StandardOutput=journal+console
 WantedBy=multi-user.target
 """)
     # The guest's Python keeps the bytecode of the module payloads Ansible sends (lab/guest_pycache.py).
-    site = os.path.join(rootfs, "usr/lib/python3/dist-packages")
-    os.makedirs(site, exist_ok=True)
-    shutil.copy2(os.path.join(LAB_DIR, "guest_pycache.py"), os.path.join(site, "gpulab_pycache.py"))
     write_file(rootfs, "/usr/lib/python3/dist-packages/gpulab-pycache.pth",
                "import gpulab_pycache; gpulab_pycache.install()\n")
+    shutil.copy2(os.path.join(LAB_DIR, "guest_pycache.py"),
+                 os.path.join(rootfs, "usr/lib/python3/dist-packages/gpulab_pycache.py"))
     # mtty: the kernel's sample mdev parent, loaded at boot.
     dest = os.path.join(rootfs, "lib/modules", kver, "updates")
     os.makedirs(dest, exist_ok=True)

@@ -107,18 +107,19 @@ class BackgroundRuns:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self):
-        action = re.compile(r"^INFO\s+\[\S+ > (\w+)\] Executing$", re.M)
         while True:
             running = False
             for name, (proc, _handle) in self.procs.items():
-                seen = self.timeline[name]
                 try:
                     with open(os.path.join(self.dir, name + ".log"), encoding="utf-8", errors="replace") as log:
-                        actions = action.findall(log.read())
+                        marks = [m.group(1) or m.group(2) for m in ACTION_MARK.finditer(plain(log.read()))]
                 except OSError:
-                    actions = []
+                    marks = []
+                # One entry per action (verify logs two "Executing" lines), at the time it was first seen.
+                actions = [mark for index, mark in enumerate(marks) if index == 0 or marks[index - 1] != mark]
+                seen = self.timeline[name]
                 now = round(time.monotonic() - self.started)
-                seen.extend([step, now] for step in actions[len([s for s in seen if s[0] != "end"]):])
+                seen.extend([step, now] for step in actions[len(seen):])
                 if proc.poll() is None:
                     running = True
                 elif not seen or seen[-1][0] != "end":
@@ -480,12 +481,15 @@ def plain(text):
     return re.sub(r"(?m)^[ \t]*[│┌└][─ ]?", "", text)
 
 
+# Where a molecule action starts in its output: "container ➜ converge: Executing" with colours, "[container >
+# converge] Executing" without (NO_COLOR); verify logs a second "Executing" line for its testinfra run.
+ACTION_MARK = re.compile(r"INFO\s+(?:\w+\s+➜\s+(\w+):|\[\w+ > (\w+)\]) Executing")
+
+
 def action_output(out, action):
     """The part of a molecule run's output that belongs to one action (converge, idempotence...)."""
     out = plain(out)
-    # "container ➜ converge: Executing" with colours, "[container > converge] Executing" without (NO_COLOR).
-    marks = [(m.start(), m.group(1) or m.group(2)) for m in re.finditer(
-        r"INFO\s+(?:\w+\s+➜\s+(\w+):|\[\w+ > (\w+)\]) Executing", out)]
+    marks = [(m.start(), m.group(1) or m.group(2)) for m in ACTION_MARK.finditer(out)]
     for index, (start, name) in enumerate(marks):
         if name == action:
             # An action may log several "Executing" lines; it ends where another action starts.
