@@ -5,6 +5,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,8 +20,10 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 LAB = [sys.executable, os.path.join(TOP, "lab", "gpulab.py")]
 
 
-def run(cmd, timeout=1800, env=None, check=False):
-    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output)."""
+def run(cmd, timeout=1800, env=None, check=False, nice=0):
+    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). With
+    `nice`, at that lower priority (see LAB_SIDE_NICE); what it starts, a lab host's QEMU included, inherits it."""
+    cmd = niced(cmd, nice)
     full_env = dict(os.environ)
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
@@ -33,6 +37,17 @@ def run(cmd, timeout=1800, env=None, check=False):
 
 def lab(*args, **kwargs):
     return run(LAB + list(args), **kwargs)
+
+
+# The integration tier is bound by the machine's CPU (five emulated hosts and the Ansible driving them) and its
+# longest chain is the module targets on lab-modules. The other lab work (the GPU hosts' scenarios, the switch
+# and power-loss runs after them) runs at this lower priority, inherited by their playbooks and by the QEMU of
+# each host they boot: the chain gets a larger share while every core stays busy.
+LAB_SIDE_NICE = 5
+
+
+def niced(cmd, nice):
+    return ["nice", "-n", str(nice)] + list(cmd) if nice else list(cmd)
 
 
 def console_tail(host, lines=60):
@@ -70,7 +85,7 @@ SCENARIOS = {"container": "lab-container", "vm_passthrough": "lab-passthrough", 
 
 
 def molecule(scenario, env, output, state_dir):
-    """Start `molecule test -s scenario`; its plain-text output goes to the open file `output`.
+    """Start `molecule test -s scenario` at LAB_SIDE_NICE; its plain-text output goes to the open file `output`.
 
     Molecule keeps a scenario's state (created, prepared...) under the user's home, keyed by the name of
     the checkout's directory only, so a clone named like another checkout would inherit that checkout's
@@ -82,7 +97,7 @@ def molecule(scenario, env, output, state_dir):
     full_env.update(env or {})
     full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400",
                     MOLECULE_EPHEMERAL_DIRECTORY=state_dir)
-    return subprocess.Popen(["molecule", "test", "-s", scenario], cwd=TOP, env=full_env, text=True,
+    return subprocess.Popen(niced(["molecule", "test", "-s", scenario], LAB_SIDE_NICE), cwd=TOP, env=full_env, text=True,
                             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -199,12 +214,12 @@ class PowerLossRun:
 
 def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
     lab("reset", "--no-start", host, check=True)
-    lab("start", host, check=True, timeout=1800)
+    lab("start", host, check=True, timeout=1800, nice=LAB_SIDE_NICE)
     playbook = ["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit", host]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     with open(os.path.join(directory, "first.log"), "w+", encoding="utf-8") as first_log:
-        first = subprocess.Popen(playbook, cwd=TOP, env=env, stdout=first_log, stderr=subprocess.STDOUT,  # pylint: disable=consider-using-with
+        first = subprocess.Popen(niced(playbook, LAB_SIDE_NICE), cwd=TOP, env=env, stdout=first_log, stderr=subprocess.STDOUT,  # pylint: disable=consider-using-with
                                  stdin=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline and first.poll() is None:
@@ -223,9 +238,9 @@ def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
         first.wait(timeout=900)
         first_log.seek(0)
         seen["first_rc"], seen["first_out"] = first.returncode, first_log.read()
-    lab("start", host, check=True, timeout=1800)
+    lab("start", host, check=True, timeout=1800, nice=LAB_SIDE_NICE)
     seen["after_power_loss"] = lab("ssh", host, "--", INITRAMFS_STATE, check=True, timeout=300).stdout
-    again = run(playbook, timeout=3000)
+    again = run(playbook, timeout=3000, nice=LAB_SIDE_NICE)
     seen["again_rc"], seen["again_out"] = again.returncode, again.stdout
     seen["after_again"] = lab("ssh", host, "--", INITRAMFS_STATE, check=True, timeout=300).stdout
 
@@ -235,20 +250,16 @@ def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
 # ---------------------------------------------------------------------------------------------
 
 MODULES_HOST = "lab-modules"
-# QEMU pids of lab hosts this session booted from a fresh overlay and left untouched since: {host: {pid}}.
-FRESH_PIDS = {}
 TARGETS_DIR = os.path.join(TOP, "tests", "integration", "targets")
-# kernel_cmdline first (it needs the pristine command line); the rest after the one reboot.
+# kernel_cmdline first (it needs the pristine command line); the rest after the restart into the new one.
 BEFORE_REBOOT = ["kernel_cmdline"]
 AFTER_REBOOT = ["iommu_check", "gpu_facts", "sriov_vfs", "mdev_create", "vfio_bind", "vfio_probe", "guest_attach_probe",
                 "dra_blockers", "host_lock"]
-REBOOT_STEP = "reboot"
-REBOOT_TASKS = """    - name: Reboot once into the new command line
-      ansible.builtin.reboot:
-        reboot_timeout: 1200
-        # Back only when the root file system takes writes (modules need a temporary directory).
-        test_command: touch /var/tmp/.gpuops-reboot-test && rm -f /var/tmp/.gpuops-reboot-test
-    - name: Read the running command line and the IOMMU groups
+# Between the two: the host's QEMU is killed (a power loss) and the lab starts it again (the lab CLI's crash
+# recovery, test_88), and it boots the command line kernel_cmdline wrote. Host preparation's graceful reboot is
+# the scenarios' (host_reboot): every one of them reboots its host once.
+REBOOT_STEP = "restart"
+REBOOT_TASKS = """    - name: Read the running command line and the IOMMU groups
       ansible.builtin.command: cat /proc/cmdline /sys/kernel/iommu_groups/0/type
       register: after
       changed_when: false
@@ -274,11 +285,51 @@ def run_host_tasks(directory, host, name, tasks, timeout=2400):
     return run(["ansible-playbook", "-i", "inventories/lab/", playbook], timeout=timeout)
 
 
+def start_again(host):
+    """`gpulab start` of a host already running: what the lab CLI test (test_10) checks."""
+    before = lab_status()[host]
+    started = time.monotonic()
+    proc = lab("start", host)
+    return {"rc": proc.returncode, "out": proc.stdout, "seconds": time.monotonic() - started,
+            "before": before, "after": lab_status()[host]}
+
+
+def crash_and_start(host):
+    """The host's QEMU killed (no shutdown, no flush of the guest's caches: the guest syncs first, so the command
+    line kernel_cmdline wrote is on the disk), its SSH port taken by something else meanwhile, then `gpulab
+    start`: what the lab saw and did, for test_88 to check."""
+    lab("ssh", host, "--", "sync", check=True, timeout=600)
+    seen = {"before": lab_status()[host]}
+    with open(os.path.join(TOP, ".lab", host, "qemu.pid"), encoding="utf-8") as handle:
+        pid = int(handle.read())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists("/proc/%d" % pid):
+        time.sleep(0.5)
+    seen["killed"] = lab_status()[host]
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        squatter.bind(("127.0.0.1", seen["before"]["ssh_port"]))
+        squatter.listen(1)
+        proc = lab("start", host, timeout=1800)
+    finally:
+        squatter.close()
+    seen["start_rc"], seen["start_out"] = proc.returncode, proc.stdout
+    seen["after"] = lab_status()[host]
+    with open(os.path.join(TOP, "inventories", "lab", "zz-lab-connection.yml"), encoding="utf-8") as handle:
+        seen["inventory"] = handle.read()
+    ping = run(["ansible", host, "-i", "inventories/lab/", "-m", "ansible.builtin.ping"], timeout=600)
+    seen["ping_rc"], seen["ping_out"] = ping.returncode, ping.stdout
+    return seen
+
+
 class ModuleTargetsRun:
-    """The module targets, one play each, on lab-modules from the pristine image: kernel_cmdline turns the
-    IOMMU on through grub, the host reboots once, the other targets run on the IOMMU-enabled kernel; the host
-    is reset and stopped at the end. All in a thread beside the other tests; results() waits for it:
-    {step: (returncode, output, seconds)} for each target and the reboot, in order."""
+    """The module targets, one play each, on lab-modules from the pristine image, from the session's start (the
+    tier's longest chain): the host boots, the lab CLI starts it again (a no-op, test_10), kernel_cmdline turns
+    the IOMMU on through grub, the host loses its power and the lab starts it again (test_88), the other targets
+    run on the IOMMU-enabled kernel; the host is reset and stopped at the end. All in a thread beside the other
+    tests; results() waits for it: {step: (returncode, output, seconds)} for each target and the restart, in
+    order. `lab_cli` holds what the lab's own commands did on the host ("start_again", "crash")."""
 
     steps = BEFORE_REBOOT + [REBOOT_STEP] + AFTER_REBOOT
 
@@ -287,6 +338,8 @@ class ModuleTargetsRun:
         self.started = time.monotonic()
         self.dir = tempfile.mkdtemp(prefix="gpuops-module-targets-")
         self._results = {}
+        self.lab_cli = {}
+        self.booted = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -302,18 +355,27 @@ class ModuleTargetsRun:
             rc, out, elapsed = self._results[name]
             handle.write("rc=%s after %.0fs\n%s" % (rc, elapsed, out))
 
+    def _fail_all(self, why):
+        for name in self.steps:
+            self._results.setdefault(name, (None, why, 0.0))
+
     def _run(self):
         try:
-            # A host this session booted from a fresh overlay (test_10) is used as it is: no second boot.
-            if lab_status().get(self.host, {}).get("pid") not in FRESH_PIDS.get(self.host, ()):
-                lab("reset", "--no-start", self.host, check=True)
+            lab("reset", "--no-start", self.host, check=True)
             lab("start", self.host, check=True, timeout=1800)
+            self.lab_cli["start_again"] = start_again(self.host)
         except Exception as exc:  # pylint: disable=broad-except
-            for name in self.steps:
-                self._results[name] = (None, "%s did not start: %s" % (self.host, exc), 0.0)
+            self._fail_all("%s did not start: %s" % (self.host, exc))
             return
+        finally:
+            self.booted.set()
         for name in BEFORE_REBOOT:
             self._step(name, target_tasks(name))
+        try:
+            self.lab_cli["crash"] = crash_and_start(self.host)
+        except Exception as exc:  # pylint: disable=broad-except
+            self._fail_all("%s did not come back from a power loss: %s: %s" % (self.host, type(exc).__name__, exc))
+            return
         self._step(REBOOT_STEP, REBOOT_TASKS)
         for name in AFTER_REBOOT:
             if os.path.isfile(os.path.join(TARGETS_DIR, name, "tasks", "main.yml")):
@@ -362,35 +424,26 @@ class After:
 
 class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
-    (the image, API server, chart, operator and docs tests): the four workload-type scenarios on the GPU
-    hosts, then on lab-passthrough the switch scenario, on lab-dra the dra_switch scenario and on lab-vgpu the
-    power-loss run as soon as their scenario passed, all from the session's start, and the module targets on
-    lab-modules once the lab CLI tests are done with that host. The tests from test_82 on check what each left."""
+    (the image, API server, chart, operator and docs tests): the module targets on lab-modules (the longest
+    chain, at the normal priority), the four workload-type scenarios on the GPU hosts, then on lab-passthrough
+    the switch scenario, on lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their
+    scenario passed (all of these at LAB_SIDE_NICE). The lab CLI tests (test_10) and the tests from test_82 on
+    check what each left."""
 
     def __init__(self):
+        self.modules = ModuleTargetsRun()
         self.scenarios = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS})
         self.switch = After(self.scenarios, "vm_passthrough", lambda: BackgroundRuns(
             {"switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
         self.dra_switch = After(self.scenarios, "dra", lambda: BackgroundRuns(
             {"dra_switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
         self.power_loss = After(self.scenarios, "vm_vgpu", PowerLossRun)
-        self._modules = None
-
-    @property
-    def modules(self):
-        """The module targets on lab-modules, started on first use: the lab CLI tests (test_10) use that host
-        first, while the GPU hosts already work."""
-        if self._modules is None:
-            self._modules = ModuleTargetsRun()
-        return self._modules
 
     @property
     def parts(self):
-        return [self.scenarios, self.switch, self.dra_switch, self.power_loss] + [
-            part for part in (self._modules,) if part is not None]
+        return [self.modules, self.scenarios, self.switch, self.dra_switch, self.power_loss]
 
     def settle(self):
-        self.modules.results()
         for part in self.parts:
             part.results()
 
@@ -413,20 +466,11 @@ def session_checks_lab_work(session):
 
 @pytest.fixture(scope="session", autouse=True)
 def lab_work_from_the_start(request):
-    """The GPU hosts' work (scenarios and what follows them) starts before the session's first test when later
-    tests check it: it is the session's longest chain, and the first tests (the lab CLI's) keep one core busy
-    at most. A no-op in a session without such tests."""
+    """The lab's work (module targets, scenarios and what follows them) starts before the session's first test
+    when later tests check it: the hosts work while the controller runs its own tests. A no-op in a session
+    without such tests."""
     if session_checks_lab_work(request.session):
         request.getfixturevalue("lab_work")
-
-
-@pytest.fixture(scope="session")
-def overlap_lab_work(request):
-    """Starts the module targets on lab-modules (the GPU hosts' work runs from the start) before these tests
-    when later tests of the session check them, so the lab hosts work while the controller runs these; a
-    no-op in a session without such tests."""
-    if session_checks_lab_work(request.session):
-        request.getfixturevalue("lab_work").modules  # pylint: disable=expression-not-assigned
 
 
 @pytest.fixture(scope="session")

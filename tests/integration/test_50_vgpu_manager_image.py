@@ -26,8 +26,6 @@ import pytest
 
 from conftest import TOP, run
 
-# The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
-pytestmark = pytest.mark.usefixtures("overlap_lab_work")
 
 PLAYBOOK = os.path.join(TOP, "playbooks", "vgpu_manager_image.yml")
 CONTEXT = os.path.join(TOP, "tests", "integration", "fixtures", "driver-container")

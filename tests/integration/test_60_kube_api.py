@@ -22,8 +22,6 @@ import yaml
 
 from conftest import TOP, gone, kubelab, kubelab_status, run
 
-# The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
-pytestmark = pytest.mark.usefixtures("overlap_lab_work")
 
 PLAYBOOK = """
 - name: Read the cluster lab through kubernetes.core

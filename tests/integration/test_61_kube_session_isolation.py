@@ -20,8 +20,6 @@ import pytest
 
 from conftest import TOP, gone, kubelab, kubelab_status, run
 
-# The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
-pytestmark = pytest.mark.usefixtures("overlap_lab_work")
 
 NESTED = "GPUOPS_TEST_NESTED_SESSION"
 WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"

@@ -39,8 +39,6 @@ from conftest import (
     write_inventory,
 )
 
-# The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
-pytestmark = pytest.mark.usefixtures("overlap_lab_work")
 
 NODES = {"lab-container": "container", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu"}
 WL, VG = "nvidia.com/gpu.workload.config", "nvidia.com/vgpu.config"

@@ -51,8 +51,6 @@ from conftest import (
     write_inventory,
 )
 
-# The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
-pytestmark = pytest.mark.usefixtures("overlap_lab_work")
 
 REAL_CHARTS = UPSTREAM_CHARTS
 STAND_IN_CHARTS = {name: os.path.join(TOP, "tests", "fixtures", "charts", name) for name in REAL_CHARTS}

@@ -14,8 +14,6 @@ import yaml
 
 from conftest import TOP, delete_crds, kubectl, run, wait_established
 
-# The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
-pytestmark = pytest.mark.usefixtures("overlap_lab_work")
 
 VMI_CRD = os.path.join(TOP, "tests", "fixtures", "kubevirt-vmi-crd.yaml")
 NODE = "lab-passthrough"

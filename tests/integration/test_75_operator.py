@@ -88,12 +88,8 @@ OPERAND_SPEC = {
 OPERATOR_KINDS = ("daemonsets.apps", "deployments.apps", "serviceaccounts", "configmaps", "services", "roles",
                   "rolebindings", "clusterroles", "clusterrolebindings", "runtimeclasses.node.k8s.io")
 
-# The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
-pytestmark = [
-    pytest.mark.skipif(not HAVE_UPSTREAM, reason="the GPU Operator's source and the real charts are not "
-                                                 "beside this checkout (../shared/upstream)"),
-    pytest.mark.usefixtures("overlap_lab_work"),
-]
+pytestmark = pytest.mark.skipif(not HAVE_UPSTREAM, reason="the GPU Operator's source and the real charts are "
+                                                           "not beside this checkout (../shared/upstream)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,13 +7,10 @@ import os
 import tarfile
 import time
 
-import pytest
 import yaml
 
 from conftest import TOP, run
 
-# The lab hosts work meanwhile (conftest.LabWork): started here when later tests of the session check them.
-pytestmark = pytest.mark.usefixtures("overlap_lab_work")
 
 TIMINGS = {}
 

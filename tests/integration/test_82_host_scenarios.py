@@ -1,9 +1,9 @@
 """Host preparation in the lab: one molecule scenario per workload type, and the failure paths.
 
 The four workload-type scenarios (container, vm_passthrough, vm_vgpu, dra) run at the same time, each on its own lab host (create resets the host
-to the pristine image; check, converge with at most one reboot, idempotence, testinfra verify). They start
-in the background at the session's start (conftest.LabWork; the module targets follow on the spare host
-once the lab CLI tests are done with it) and leave their hosts prepared: the switch scenario then starts at once from the
+to the pristine image; check mode (vm_passthrough and vm_vgpu), converge with at most one reboot, idempotence,
+testinfra verify). They start in the background at the session's start (conftest.LabWork, beside the module
+targets on the spare host) and leave their hosts prepared: the switch scenario then starts at once from the
 vm_passthrough host and the power-loss run from the vm_vgpu host (test_85 and test_87 check them), the
 failure paths here run against lab-container (whose VM has no IOMMU in its firmware), and test_95 runs the
 main job on all four.
