@@ -21,7 +21,7 @@ KUBE_TEST_STATE := $(or $(GPUOPS_KUBE_TEST_STATE),$(CURDIR)/.lab/kube-tests)
 KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 
 .PHONY: venv hostdeps lab lab-image lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator operator-build test \
-	checks lint sanity unit integration \
+	checks checks-beside lint sanity unit integration \
 	molecule bench bench-modules bench-hosts bench-cluster bench-guest validate build docs galaxy-import clean
 
 # One command creates the Python environment from nothing (re-run when requirements change).
@@ -86,11 +86,15 @@ operator: venv
 	eval "$$($(KUBE) env)" && ansible-playbook playbooks/validate.yml -i inventories/lab/ \
 		-e gpuops_kubeconfig="$$K8S_AUTH_KUBECONFIG"
 
-# Every test. The Kubernetes build and the lab image (minutes on a fresh machine, cached after) overlap the
-# quick tiers.
+# Every test. The quick tiers (lint, sanity, unit: one core, minutes) run beside the Kubernetes build, the lab
+# image and then the integration tier, at a lower priority: they take the CPU the emulated hosts leave. Their
+# output goes to .build/checks.log and is printed in one piece when they end; a failing tier fails the command
+# once the others have ended.
 test: venv hostdeps
-	$(MAKE) -j3 kube-binaries lab-image checks
-	$(MAKE) integration
+	$(MAKE) -j3 checks-beside integration
+checks-beside:
+	@mkdir -p .build; rc=0; nice -n 10 $(MAKE) --no-print-directory checks >.build/checks.log 2>&1 || rc=$$?; \
+		cat .build/checks.log; echo "checks: exit status $$rc"; exit $$rc
 checks:
 	$(MAKE) -j1 lint sanity unit
 
