@@ -219,8 +219,9 @@ def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     with open(os.path.join(directory, "first.log"), "w+", encoding="utf-8") as first_log:
-        first = subprocess.Popen(niced(playbook, LAB_SIDE_NICE), cwd=TOP, env=env, stdout=first_log, stderr=subprocess.STDOUT,  # pylint: disable=consider-using-with
-                                 stdin=subprocess.DEVNULL, text=True)
+        first = subprocess.Popen(  # pylint: disable=consider-using-with
+            niced(playbook, LAB_SIDE_NICE), cwd=TOP, env=env, stdout=first_log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline and first.poll() is None:
             busy = lab("ssh", host, "--", "pgrep -f '[m]kinitramfs|[u]pdate-initramfs' >/dev/null && echo busy || true",

@@ -88,8 +88,9 @@ OPERAND_SPEC = {
 OPERATOR_KINDS = ("daemonsets.apps", "deployments.apps", "serviceaccounts", "configmaps", "services", "roles",
                   "rolebindings", "clusterroles", "clusterrolebindings", "runtimeclasses.node.k8s.io")
 
-pytestmark = pytest.mark.skipif(not HAVE_UPSTREAM, reason="the GPU Operator's source and the real charts are "
-                                                           "not beside this checkout (../shared/upstream)")
+pytestmark = pytest.mark.skipif(
+    not HAVE_UPSTREAM, reason="the GPU Operator's source and the real charts are not beside this checkout "
+                              "(../shared/upstream)")
 
 
 # ---------------------------------------------------------------------------------------------
