@@ -642,6 +642,7 @@ class Vm:
             proc = subprocess.run(cmd, timeout=120, check=False, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
             if proc.returncode == 0:
+                keep_priority(self.pid())
                 self.save_meta(ssh_port=port, accel=accel, started=time.time())
                 return port
             err = proc.stderr.strip()
@@ -671,6 +672,23 @@ class Vm:
         for path in (self.pidfile, self.qmp):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+def keep_priority(pid):
+    """Give a daemonized QEMU the priority of the command that started it. -daemonize starts a session of its
+    own, and where the kernel groups processes by session for scheduling (autogroup, on by default in most
+    distributions) a session's share of the CPU is set by its group's nice value, not by its processes' own:
+    a lab host started at a lower priority (`nice gpulab start`) would compete as an equal. True when the
+    group took the value; False when there was nothing to carry over or no autogroup to set."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    if not pid or nice <= 0:
+        return False
+    try:
+        with open("/proc/%d/autogroup" % pid, "w", encoding="ascii") as handle:
+            handle.write(str(nice))
+    except OSError:
+        return False
+    return True
 
 
 def ssh_key():

@@ -4,6 +4,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -184,3 +186,45 @@ def test_main_turns_errors_into_messages(gpulab, capsys):
     assert gpulab.main(["status", "nope"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("gpulab: error: unknown lab host(s) nope")
+
+
+# A child Python at a given nice value starts a process in a session of its own (as QEMU's -daemonize does),
+# calls keep_priority on it and prints what it returned and the new session's autogroup line.
+PRIORITY_CHILD = """
+import importlib.util, os, subprocess, sys
+spec = importlib.util.spec_from_file_location("gpulab_child", sys.argv[1])
+gpulab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpulab)
+os.nice(int(sys.argv[2]))
+child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+try:
+    kept = gpulab.keep_priority(child.pid)
+    with open("/proc/%d/autogroup" % child.pid) as handle:
+        print(kept, handle.read().strip())
+finally:
+    child.kill()
+    child.wait()
+"""
+
+
+@pytest.mark.parametrize("increment", [4, 0])
+def test_keep_priority_gives_a_new_session_the_callers_nice_value(tmp_path, increment):
+    if not os.path.exists("/proc/self/autogroup"):
+        pytest.skip("this kernel does not group processes by session for scheduling")
+    # The tests may themselves run at a lower priority (make test runs this tier at nice 10).
+    nice = min(os.getpriority(os.PRIO_PROCESS, 0) + increment, 19)
+    script = tmp_path / "child.py"
+    script.write_text(PRIORITY_CHILD)
+    proc = subprocess.run([sys.executable, str(script), os.path.join(TOP, "lab", "gpulab.py"), str(increment)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.split()
+    assert words[0] == str(nice > 0), proc.stdout
+    if nice > 0:
+        assert words[-2:] == ["nice", str(nice)], proc.stdout
+    else:
+        assert words[-2:] == ["nice", "0"], proc.stdout
+
+
+def test_keep_priority_without_a_process_changes_nothing(gpulab):
+    assert gpulab.keep_priority(None) is False
