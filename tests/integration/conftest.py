@@ -39,17 +39,13 @@ def lab(*args, **kwargs):
     return run(LAB + list(args), **kwargs)
 
 
-# The integration tier is bound by the machine's CPU (five emulated hosts and the Ansible driving them) and its
-# longest chain is the module targets on lab-modules. The other lab work (the GPU hosts' scenarios, the switch
-# and power-loss runs after them) runs at this lower priority, inherited by their playbooks and by the QEMU of
-# each host they boot (gpulab.keep_priority): the chain gets a larger share while every core stays busy. Mild on
-# purpose: at nice 5 the four scenario hosts got 0.1-0.15 of a core each beside the chain and the quick tiers,
-# and an update-initramfs in two of them ran past the collection's 900-second limit.
-LAB_SIDE_NICE = 2
-# ...except for the chain that ends last once the module targets have their share: lab-passthrough's scenario,
-# then the switch scenario on that host and test_85's runs there (measured 2026-11-26: that converge took 31 min
-# beside the others, the container scenario's 36 min, dra's 28 min and vm_vgpu's 29 min).
-SCENARIO_NICE = {"vm_passthrough": 0, "switch": 0}
+# The priority of the lab work beside the module targets' chain (the GPU hosts' scenarios, the switch and
+# power-loss runs): inherited by their playbooks and by the QEMU of each host they boot (gpulab.keep_priority).
+# Left at 0 on purpose. Measured 2026-11-26 on 2 cores: at nice 5 the four scenario hosts got 0.10-0.15 of a core
+# each and update-initramfs on two of them ran past the collection's 900-second limit; at nice 2 (0.24 of a core
+# each) a host came back from its reboot after its systemd had timed out on devices and never remounted its root
+# file system read-write. An emulated host needs its fair share of the CPU to boot at all.
+LAB_SIDE_NICE = 0
 
 
 def niced(cmd, nice):
@@ -91,8 +87,7 @@ SCENARIOS = {"container": "lab-container", "vm_passthrough": "lab-passthrough", 
 
 
 def molecule(scenario, env, output, state_dir):
-    """Start `molecule test -s scenario` at its priority (SCENARIO_NICE, else LAB_SIDE_NICE); its plain-text
-    output goes to the open file `output`.
+    """Start `molecule test -s scenario` at LAB_SIDE_NICE; its plain-text output goes to the open file `output`.
 
     Molecule keeps a scenario's state (created, prepared...) under the user's home, keyed by the name of
     the checkout's directory only, so a clone named like another checkout would inherit that checkout's
@@ -104,7 +99,7 @@ def molecule(scenario, env, output, state_dir):
     full_env.update(env or {})
     full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400",
                     MOLECULE_EPHEMERAL_DIRECTORY=state_dir)
-    cmd = niced(["molecule", "test", "-s", scenario], SCENARIO_NICE.get(scenario, LAB_SIDE_NICE))
+    cmd = niced(["molecule", "test", "-s", scenario], LAB_SIDE_NICE)
     return subprocess.Popen(cmd, cwd=TOP, env=full_env, text=True,
                             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -434,10 +429,9 @@ class After:
 class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
     (the image, API server, chart, operator and docs tests): the module targets on lab-modules (the longest
-    chain, at the normal priority), the four workload-type scenarios on the GPU hosts, then on lab-passthrough
-    the switch scenario, on lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their
-    scenario passed (all of these at LAB_SIDE_NICE but the vm_passthrough and switch scenarios). The lab CLI
-    tests (test_10) and the tests from test_82 on check what each left."""
+    chain), the four workload-type scenarios on the GPU hosts, then on lab-passthrough the switch scenario, on
+    lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their scenario passed (these
+    at LAB_SIDE_NICE). The lab CLI tests (test_10) and the tests from test_82 on check what each left."""
 
     def __init__(self):
         self.modules = ModuleTargetsRun()
