@@ -87,9 +87,9 @@ operator: venv
 		-e gpuops_kubeconfig="$$K8S_AUTH_KUBECONFIG"
 
 # Every test. The quick tiers (lint, sanity, unit: one core, minutes) run beside the Kubernetes build, the lab
-# image and then the integration tier, at a lower priority: they take the CPU the emulated hosts leave. Their
-# output goes to .build/checks.log and is printed in one piece when they end; a failing tier fails the command
-# once the others have ended.
+# image and then the integration tier, at nice 10 (below the tests' own Ansible; each lab host's QEMU runs in a
+# session of its own and shares the CPU with them as a whole). Their output goes to .build/checks.log and is
+# printed in one piece when they end; a failing tier fails the command once the others have ended.
 test: venv hostdeps
 	$(MAKE) -j3 checks-beside integration
 checks-beside:

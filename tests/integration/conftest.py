@@ -20,10 +20,8 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 LAB = [sys.executable, os.path.join(TOP, "lab", "gpulab.py")]
 
 
-def run(cmd, timeout=1800, env=None, check=False, nice=0):
-    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). With
-    `nice`, at that lower priority (see LAB_SIDE_NICE); what it starts, a lab host's QEMU included, inherits it."""
-    cmd = niced(cmd, nice)
+def run(cmd, timeout=1800, env=None, check=False):
+    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output)."""
     full_env = dict(os.environ)
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
@@ -37,19 +35,6 @@ def run(cmd, timeout=1800, env=None, check=False, nice=0):
 
 def lab(*args, **kwargs):
     return run(LAB + list(args), **kwargs)
-
-
-# The priority of the lab work beside the module targets' chain (the GPU hosts' scenarios, the switch and
-# power-loss runs): inherited by their playbooks and by the QEMU of each host they boot (gpulab.keep_priority).
-# Left at 0 on purpose. Measured 2026-11-26 on 2 cores: at nice 5 the four scenario hosts got 0.10-0.15 of a core
-# each and update-initramfs on two of them ran past the collection's 900-second limit; at nice 2 (0.24 of a core
-# each) a host came back from its reboot after its systemd had timed out on devices and never remounted its root
-# file system read-write. An emulated host needs its fair share of the CPU to boot at all.
-LAB_SIDE_NICE = 0
-
-
-def niced(cmd, nice):
-    return ["nice", "-n", str(nice)] + list(cmd) if nice else list(cmd)
 
 
 def console_tail(host, lines=60):
@@ -87,7 +72,7 @@ SCENARIOS = {"container": "lab-container", "vm_passthrough": "lab-passthrough", 
 
 
 def molecule(scenario, env, output, state_dir):
-    """Start `molecule test -s scenario` at LAB_SIDE_NICE; its plain-text output goes to the open file `output`.
+    """Start `molecule test -s scenario`; its plain-text output goes to the open file `output`.
 
     Molecule keeps a scenario's state (created, prepared...) under the user's home, keyed by the name of
     the checkout's directory only, so a clone named like another checkout would inherit that checkout's
@@ -99,8 +84,7 @@ def molecule(scenario, env, output, state_dir):
     full_env.update(env or {})
     full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400",
                     MOLECULE_EPHEMERAL_DIRECTORY=state_dir)
-    cmd = niced(["molecule", "test", "-s", scenario], LAB_SIDE_NICE)
-    return subprocess.Popen(cmd, cwd=TOP, env=full_env, text=True,
+    return subprocess.Popen(["molecule", "test", "-s", scenario], cwd=TOP, env=full_env, text=True,
                             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -217,13 +201,13 @@ class PowerLossRun:
 
 def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
     lab("reset", "--no-start", host, check=True)
-    lab("start", host, check=True, timeout=1800, nice=LAB_SIDE_NICE)
+    lab("start", host, check=True, timeout=1800)
     playbook = ["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit", host]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     with open(os.path.join(directory, "first.log"), "w+", encoding="utf-8") as first_log:
         first = subprocess.Popen(  # pylint: disable=consider-using-with
-            niced(playbook, LAB_SIDE_NICE), cwd=TOP, env=env, stdout=first_log, stderr=subprocess.STDOUT,
+            playbook, cwd=TOP, env=env, stdout=first_log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline and first.poll() is None:
@@ -242,9 +226,9 @@ def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
         first.wait(timeout=900)
         first_log.seek(0)
         seen["first_rc"], seen["first_out"] = first.returncode, first_log.read()
-    lab("start", host, check=True, timeout=1800, nice=LAB_SIDE_NICE)
+    lab("start", host, check=True, timeout=1800)
     seen["after_power_loss"] = lab("ssh", host, "--", INITRAMFS_STATE, check=True, timeout=300).stdout
-    again = run(playbook, timeout=3000, nice=LAB_SIDE_NICE)
+    again = run(playbook, timeout=3000)
     seen["again_rc"], seen["again_out"] = again.returncode, again.stdout
     seen["after_again"] = lab("ssh", host, "--", INITRAMFS_STATE, check=True, timeout=300).stdout
 
@@ -304,8 +288,7 @@ def crash_and_start(host):
     start`: what the lab saw and did, for test_88 to check."""
     lab("ssh", host, "--", "sync", check=True, timeout=600)
     seen = {"before": lab_status()[host]}
-    with open(os.path.join(TOP, ".lab", host, "qemu.pid"), encoding="utf-8") as handle:
-        pid = int(handle.read())
+    pid = seen["before"]["pid"]
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and os.path.exists("/proc/%d" % pid):
@@ -430,8 +413,14 @@ class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
     (the image, API server, chart, operator and docs tests): the module targets on lab-modules (the longest
     chain), the four workload-type scenarios on the GPU hosts, then on lab-passthrough the switch scenario, on
-    lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their scenario passed (these
-    at LAB_SIDE_NICE). The lab CLI tests (test_10) and the tests from test_82 on check what each left."""
+    lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their scenario passed. The lab
+    CLI tests (test_10) and the tests from test_82 on check what each left.
+
+    All at the same priority. Measured 2026-11-26 on 2 cores, with the work beside the module targets at a lower
+    one: at nice 5 the scenario hosts got 0.10-0.15 of a core each and update-initramfs on two of them ran past
+    the collection's 900-second limit; at nice 2 a host came back from its reboot with systemd's device waits
+    timed out and its root file system read-only. An emulated host needs its fair share of the CPU to boot at
+    all, and the tier is bound by its total CPU time: an order of priority only moves work around."""
 
     def __init__(self):
         self.modules = ModuleTargetsRun()
