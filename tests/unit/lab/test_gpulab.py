@@ -228,3 +228,77 @@ def test_keep_priority_gives_a_new_session_the_callers_nice_value(tmp_path, incr
 
 def test_keep_priority_without_a_process_changes_nothing(gpulab):
     assert gpulab.keep_priority(None) is False
+
+
+# -- reboots: a guest's restart ends its QEMU, the follower starts the host again ------------------------------
+
+def serve_events(path, events):
+    """A stand-in for QEMU's event monitor on the unix socket `path`: the greeting, the answer to
+    qmp_capabilities, then `events` (dicts), then the socket closes (QEMU gone). Returns the thread."""
+    import socket
+    import threading
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def serve():
+        conn, _ = server.accept()
+        with conn, server:
+            conn.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+            conn.recv(4096)
+            conn.sendall(b'{"return": {}}\n')
+            for event in events:
+                conn.sendall(json.dumps(event).encode() + b"\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def follower_for(gpulab, monkeypatch, events, state="stopped"):
+    """follow_reboots on a host whose event monitor sends `events`; the launches it made (their keyword
+    arguments) and what it returned."""
+    vm = gpulab.Vm("lab-x")
+    os.makedirs(vm.dir)
+    vm.save_meta(ssh_port=40123, accel="tcg")
+    thread = serve_events(vm.events, events)
+    launches = []
+    monkeypatch.setattr(gpulab, "image_manifest", lambda: {"id": "abc"})
+    monkeypatch.setattr(gpulab, "ssh_key", lambda: ("key", "key.pub"))
+    monkeypatch.setattr(gpulab.Vm, "state", lambda self: state)
+    monkeypatch.setattr(gpulab.Vm, "launch", lambda self, *args, **kwargs: launches.append((args, kwargs)))
+    reason = gpulab.follow_reboots(vm)
+    thread.join(5)
+    return launches, reason
+
+
+def test_a_guest_reboot_starts_the_host_again_on_its_port(gpulab, monkeypatch):
+    launches, reason = follower_for(gpulab, monkeypatch, [
+        {"event": "RESET", "data": {"guest": True, "reason": "guest-reset"}},
+        {"event": "SHUTDOWN", "data": {"guest": True, "reason": "guest-reset"}}])
+    assert reason == "guest-reset"
+    assert launches == [(({"id": "abc"}, "tcg", "key.pub"), {"rebooting": True})]
+
+
+@pytest.mark.parametrize("events", [
+    [{"event": "SHUTDOWN", "data": {"guest": True, "reason": "guest-shutdown"}}],   # powered off from inside
+    [{"event": "SHUTDOWN", "data": {"guest": False, "reason": "host-qmp-quit"}}],   # gpulab stop
+    [],                                                                              # killed: no event at all
+])
+def test_a_host_that_stopped_otherwise_stays_stopped(gpulab, monkeypatch, events):
+    launches, reason = follower_for(gpulab, monkeypatch, events)
+    assert launches == []
+    assert reason == (events[0]["data"]["reason"] if events else None)
+
+
+def test_a_host_started_meanwhile_is_not_started_twice(gpulab, monkeypatch):
+    launches, _ = follower_for(gpulab, monkeypatch, [
+        {"event": "SHUTDOWN", "data": {"guest": True, "reason": "guest-reset"}}], state="running")
+    assert launches == []
+
+
+def test_a_host_without_an_event_monitor_is_left_alone(gpulab, monkeypatch):
+    vm = gpulab.Vm("lab-y")
+    monkeypatch.setattr(gpulab.Vm, "launch", lambda *args, **kwargs: pytest.fail("launched"))
+    assert gpulab.follow_reboots(vm) is None
