@@ -54,7 +54,7 @@ INVENTORY_CONNECTION = os.path.join(INVENTORY_DIR, "zz-lab-connection.yml")
 IMAGE_FILES = os.path.join(TOP, "lab", "image")
 
 # Bump when the image recipe changes: a cached image built by an older recipe is rebuilt.
-RECIPE_VERSION = "10"
+RECIPE_VERSION = "11"
 SUITE = "bookworm"
 IMAGE_NAME = "debian12-gpulab"
 DISK_SIZE = 4 * 1024 ** 3
@@ -312,9 +312,12 @@ WantedBy=multi-user.target
 set -e
 grub-install --target=i386-pc /dev/vda
 update-grub
-# An initramfs with only the modules this VM needs: every later rebuild (host preparation does them) and
-# every boot is much quicker under emulation than with MODULES=most.
-sed -i 's/^MODULES=.*/MODULES=dep/' /etc/initramfs-tools/initramfs.conf
+# An initramfs with the modules this VM mounts its root with and no busybox (klibc's tools do): every later
+# rebuild (host preparation does them) and every boot is much quicker under emulation than with Debian's
+# MODULES=most (or dep, which walks sysfs for them on every rebuild). What the collection adds
+# (/usr/share/initramfs-tools/modules.d, /etc/modprobe.d) goes in as with any other setting.
+sed -i 's/^MODULES=.*/MODULES=list/; s/^BUSYBOX=.*/BUSYBOX=n/' /etc/initramfs-tools/initramfs.conf
+printf '%%s\\n' virtio_pci virtio_blk ext4 >> /etc/initramfs-tools/modules
 update-initramfs -u -k all
 rm -f /etc/gpulab/finalise
 sync
@@ -334,6 +337,11 @@ StandardOutput=journal+console
 [Install]
 WantedBy=multi-user.target
 """)
+    # Under emulation on a loaded machine a boot can wait minutes for its disk or a service: systemd's 90 s
+    # limits then failed the boot (seen: the root device's wait timed out, / stayed read-only). A slow host
+    # should be slow, not broken.
+    write_file(rootfs, "/etc/systemd/system.conf.d/gpulab.conf",
+               "[Manager]\nDefaultTimeoutStartSec=600s\nDefaultDeviceTimeoutSec=600s\n")
     # The guest's Python keeps the bytecode of the module payloads Ansible sends (lab/guest_pycache.py).
     write_file(rootfs, "/usr/lib/python3/dist-packages/gpulab-pycache.pth",
                "import gpulab_pycache; gpulab_pycache.install()\n")
