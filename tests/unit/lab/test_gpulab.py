@@ -243,7 +243,7 @@ def serve_events(path, events):
     server.listen(1)
 
     def serve():
-        conn, _ = server.accept()
+        conn = server.accept()[0]
         with conn, server:
             conn.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
             conn.recv(4096)
@@ -293,8 +293,8 @@ def test_a_host_that_stopped_otherwise_stays_stopped(gpulab, monkeypatch, events
 
 
 def test_a_host_started_meanwhile_is_not_started_twice(gpulab, monkeypatch):
-    launches, _ = follower_for(gpulab, monkeypatch, [
-        {"event": "SHUTDOWN", "data": {"guest": True, "reason": "guest-reset"}}], state="running")
+    launches = follower_for(gpulab, monkeypatch, [
+        {"event": "SHUTDOWN", "data": {"guest": True, "reason": "guest-reset"}}], state="running")[0]
     assert launches == []
 
 
