@@ -38,11 +38,12 @@ def lab(*args, **kwargs):
 
 
 def console_tail(host, lines=60):
-    """The end of a lab host's serial console (and of the boot before, which a reboot keeps), for a failure's
-    message: a host that did not come back from a reboot says why only there."""
+    """The end of a lab host's serial console (and of the boot before, which a start keeps; a reboot goes on in
+    the same file) and what its reboot follower did, for a failure's message: a host that did not come back
+    from a reboot says why only there."""
     state = os.environ.get("GPUOPS_LAB_STATE") or os.path.join(TOP, ".lab")
     parts = []
-    for name in ("console.log.previous", "console.log"):
+    for name in ("console.log.previous", "console.log", "reboots.log"):
         try:
             with open(os.path.join(state, host, name), errors="replace") as handle:
                 text = handle.read().splitlines()[-lines:]
@@ -50,6 +51,16 @@ def console_tail(host, lines=60):
             continue
         parts.append("--- %s %s (last %d lines)\n%s" % (host, name, len(text), "\n".join(text)))
     return "\n".join(parts) or "(no console log of %s)" % host
+
+
+def lab_file(host, name):
+    """The text of a file of the lab's own for a host (.lab/<host>/<name>), or "" when there is none."""
+    state = os.environ.get("GPUOPS_LAB_STATE") or os.path.join(TOP, ".lab")
+    try:
+        with open(os.path.join(state, host, name), errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
 
 
 def lab_status():
@@ -423,6 +434,8 @@ class LabWork:
     all, and the tier is bound by its total CPU time: an order of priority only moves work around."""
 
     def __init__(self):
+        # How much each host's reboot follower had written before: what this session's reboots add follows.
+        self.follower_logs = {host: len(lab_file(host, "reboots.log")) for host in SCENARIOS.values()}
         self.modules = ModuleTargetsRun()
         self.scenarios = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS})
         self.switch = After(self.scenarios, "vm_passthrough", lambda: BackgroundRuns(

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from conftest import SCENARIOS, action_output, console_tail, lab, reboots, run
+from conftest import SCENARIOS, action_output, console_tail, lab, lab_file, reboots, run
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def scenario_runs(scenario_batch):
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_workload_scenario(scenario_runs, scenario):
+def test_workload_scenario(lab_work, scenario_runs, scenario):
     rc, out, elapsed = scenario_runs[scenario]
     assert rc == 0, out[-10000:] + "\n" + console_tail(SCENARIOS[scenario])
     converge = action_output(out, "converge")
@@ -33,6 +33,12 @@ def test_workload_scenario(scenario_runs, scenario):
     assert reboots(converge) == 1, converge[-6000:]
     assert reboots(idempotence) == 0
     assert " passed" in action_output(out, "verify")
+    # The reboot ended the host's QEMU and its reboot follower started the host again on its port (a cold
+    # start; lab/gpulab.py follow_reboots), not QEMU's in-place reset.
+    host = SCENARIOS[scenario]
+    follower = lab_file(host, "reboots.log")[lab_work.follower_logs[host]:]
+    assert re.search(r"the guest rebooted; started again \(ssh port \d+\)", follower), follower
+    assert "error" not in follower, follower
     print("%s: molecule test %.0fs" % (scenario, elapsed))
 
 
