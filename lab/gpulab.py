@@ -573,16 +573,23 @@ class Vm:
             return False
         return b"qemu-system-x86_64" in os.path.basename(cmdline[0]) and self.name.encode() in cmdline
 
+    @contextlib.contextmanager
+    def _qmp_session(self, path, timeout):
+        """A QMP connection on the unix socket `path`, past the greeting and the capabilities' answer: (socket,
+        line reader)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            reader = sock.makefile("r")
+            json.loads(reader.readline())  # greeting
+            sock.sendall(b'{"execute": "qmp_capabilities"}\n')
+            self._qmp_reply(reader)
+            yield sock, reader
+
     def qmp_command(self, command, timeout=10):
         """Send one QMP command; return its answer dict, or None when QEMU does not answer."""
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(timeout)
-                sock.connect(self.qmp)
-                reader = sock.makefile("r")
-                json.loads(reader.readline())  # greeting
-                sock.sendall(b'{"execute": "qmp_capabilities"}\n')
-                self._qmp_reply(reader)
+            with self._qmp_session(self.qmp, timeout) as (sock, reader):
                 sock.sendall(json.dumps({"execute": command}).encode() + b"\n")
                 return self._qmp_reply(reader)
         except (OSError, ValueError):
@@ -697,17 +704,12 @@ class Vm:
                 [sys.executable, os.path.abspath(__file__), "follow-reboots", self.name], stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
 
-    def shutdown_reason(self, timeout=None):
+    def shutdown_reason(self):
         """Wait on QEMU's event monitor until this QEMU stops: the SHUTDOWN event's reason ("guest-reset" when
         the guest asked for a restart), or None when QEMU went without one (killed) or never answered."""
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(30)
-                sock.connect(self.events)
-                reader = sock.makefile("r")
-                json.loads(reader.readline())  # greeting
-                sock.sendall(b'{"execute": "qmp_capabilities"}\n')
-                sock.settimeout(timeout)
+            with self._qmp_session(self.events, 30) as (sock, reader):
+                sock.settimeout(None)
                 for line in reader:
                     msg = json.loads(line)
                     if msg.get("event") == "SHUTDOWN":

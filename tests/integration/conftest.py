@@ -41,13 +41,10 @@ def console_tail(host, lines=60):
     """The end of a lab host's serial console (and of the boot before, which a start keeps; a reboot goes on in
     the same file) and what its reboot follower did, for a failure's message: a host that did not come back
     from a reboot says why only there."""
-    state = os.environ.get("GPUOPS_LAB_STATE") or os.path.join(TOP, ".lab")
     parts = []
     for name in ("console.log.previous", "console.log", "reboots.log"):
-        try:
-            with open(os.path.join(state, host, name), errors="replace") as handle:
-                text = handle.read().splitlines()[-lines:]
-        except OSError:
+        text = lab_file(host, name).splitlines()[-lines:]
+        if not text:
             continue
         parts.append("--- %s %s (last %d lines)\n%s" % (host, name, len(text), "\n".join(text)))
     return "\n".join(parts) or "(no console log of %s)" % host
