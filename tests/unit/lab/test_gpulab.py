@@ -10,6 +10,8 @@ import sys
 import pytest
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# The modules of lab/gpulab.py besides the script itself.
+GPULAB_MODULES = ("labconfig", "labhost", "labimage", "labnet", "labreboot")
 
 
 @pytest.fixture
@@ -20,6 +22,10 @@ def gpulab(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUOPS_LAB_INVENTORY", str(tmp_path / "inventory"))
     (tmp_path / "cache").mkdir()
     (tmp_path / "inventory").mkdir()
+    # gpulab.py imports its parts beside it (lab/labconfig.py, ...), which read the environment when they are
+    # first imported: each test gets fresh copies of them too.
+    for name in GPULAB_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
     spec = importlib.util.spec_from_file_location("gpulab_under_test", os.path.join(TOP, "lab", "gpulab.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -264,8 +270,9 @@ def follower_for(gpulab, monkeypatch, events, state="stopped"):
     vm.save_meta(ssh_port=40123, accel="tcg")
     thread = serve_events(vm.events, events)
     launches = []
-    monkeypatch.setattr(gpulab, "image_manifest", lambda: {"id": "abc"})
-    monkeypatch.setattr(gpulab, "ssh_key", lambda: ("key", "key.pub"))
+    # follow_reboots (lab/labreboot.py) calls them by the names it imported.
+    monkeypatch.setattr(gpulab.labreboot, "image_manifest", lambda: {"id": "abc"})
+    monkeypatch.setattr(gpulab.labreboot, "ssh_key", lambda: ("key", "key.pub"))
     monkeypatch.setattr(gpulab.Vm, "state", lambda self: state)
     monkeypatch.setattr(gpulab.Vm, "launch", lambda self, *args, **kwargs: launches.append((args, kwargs)))
     reason = gpulab.follow_reboots(vm)

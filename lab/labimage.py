@@ -1,0 +1,304 @@
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""labimage: the lab's base image: its checks against the cache manifest, and its build.
+
+The image is a Debian 12 disk, debootstrapped, with the kernel's mtty sample driver built for its kernel and
+the lab's configuration written into its root file system; one boot under QEMU installs grub on the disk with
+the image's own tools. A manifest beside the image records the recipe, the size and a checksum of its head:
+a missing, corrupt or outdated image is built again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+
+from labcommon import Progress, utc_now
+from labconfig import (BOOT_TIMEOUT, CACHE, DISK_SIZE, FINALISE_MARKER, IMAGE_CMDLINE, LAB, LAB_DIR, PACKAGES,
+                       PART_OFFSET, RECIPE_VERSION, SUITE, LabError, image_path, locked, log, manifest_path,
+                       need_tools, read_text, run, tail_text)
+from labhost import choose_accel, qemu_base_cmd
+
+
+def head_digest(path, size=64 * 1024 * 1024):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        remaining = size
+        while remaining > 0:
+            chunk = handle.read(min(remaining, 1024 * 1024))
+            if not chunk:
+                break
+            digest.update(chunk)
+            remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+def image_problem():
+    """Return None when the cached image is usable, else why it is not (missing or corrupt)."""
+    img, man = image_path(), manifest_path()
+    if not os.path.exists(img) and not os.path.exists(man):
+        return "missing"
+    try:
+        with open(man) as handle:
+            manifest = json.load(handle)
+    except (OSError, ValueError) as exc:
+        return "corrupt: its manifest cannot be read (%s)" % exc
+    if manifest.get("recipe") != RECIPE_VERSION:
+        return "outdated: built by recipe %s, this lab uses %s" % (manifest.get("recipe"), RECIPE_VERSION)
+    try:
+        size = os.path.getsize(img)
+        with open(img, "rb") as handle:
+            mbr = handle.read(512)
+            handle.seek(PART_OFFSET + 1080)
+            magic = handle.read(2)
+    except OSError as exc:
+        return "corrupt: %s" % exc
+    if size != manifest.get("size"):
+        return "corrupt: size %s, expected %s" % (size, manifest.get("size"))
+    if mbr[510:512] != b"\x55\xaa" or magic != b"\x53\xef":
+        return "corrupt: no boot sector or no ext4 file system"
+    if head_digest(img) != manifest.get("head_sha256"):
+        return "corrupt: its first 64 MiB do not match the recorded checksum"
+    return None
+
+
+def image_manifest():
+    with open(manifest_path()) as handle:
+        return json.load(handle)
+
+
+def ensure_image(rebuild=False):
+    """Build the base image unless a valid one is cached; return its manifest."""
+    with locked(os.path.join(CACHE, "image.lock")):
+        problem = "rebuild requested" if rebuild else image_problem()
+        if problem is None:
+            return image_manifest()
+        if problem != "missing":
+            log("cached image %s is %s; rebuilding it" % (image_path(), problem))
+        build_image()
+        problem = image_problem()
+        if problem:
+            raise LabError("the image just built is %s" % problem)
+        return image_manifest()
+
+
+def write_file(root, path, text, mode=0o644):
+    full = os.path.join(root, path.lstrip("/"))
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "w") as handle:
+        handle.write(text)
+    os.chmod(full, mode)
+
+
+def build_mtty(kver):
+    """Build the kernel's mtty sample driver for `kver`; return the path of the cached mtty.ko."""
+    ko = os.path.join(CACHE, "mtty", kver, "mtty.ko")
+    if os.path.exists(ko):
+        return ko
+    headers = "/usr/src/linux-headers-%s" % kver
+    if not os.path.isdir(headers):
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            raise LabError("kernel headers %s are missing: install linux-headers-%s" % (headers, kver))
+        log("installing linux-headers-%s to build the mtty sample driver" % kver)
+        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "linux-headers-" + kver],
+            timeout=1200, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+            progress="installing linux-headers-" + kver)
+    series = ".".join(kver.split(".")[:2])
+    src_dir = os.path.join(CACHE, "src")
+    os.makedirs(src_dir, exist_ok=True)
+    debs = [f for f in os.listdir(src_dir) if f.startswith("linux-source-%s_" % series) and f.endswith(".deb")]
+    if not debs:
+        log("downloading linux-source-%s for samples/vfio-mdev/mtty.c" % series)
+        proc = subprocess.run(["apt-get", "download", "linux-source-" + series], cwd=src_dir, timeout=1200,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
+        if proc.returncode != 0:
+            raise LabError("apt-get download linux-source-%s failed: %s" % (series, proc.stderr.strip()))
+        debs = [f for f in os.listdir(src_dir) if f.startswith("linux-source-%s_" % series)]
+    build = os.path.join(CACHE, "mtty", kver, "build")
+    shutil.rmtree(build, ignore_errors=True)
+    os.makedirs(build)
+    member = "linux-source-%s/samples/vfio-mdev/mtty.c" % series
+    pipeline = "dpkg-deb --fsys-tarfile %s | tar -xO ./usr/src/linux-source-%s.tar.xz | tar -xJO %s > %s" % (
+        os.path.join(src_dir, sorted(debs)[-1]), series, member, os.path.join(build, "mtty.c"))
+    run(["bash", "-o", "pipefail", "-c", pipeline], timeout=600)
+    write_file(build, "Kbuild", "obj-m := mtty.o\n")
+    run(["make", "-s", "-C", headers, "M=" + build, "modules"], timeout=600)
+    shutil.copy2(os.path.join(build, "mtty.ko"), ko)
+    shutil.rmtree(build, ignore_errors=True)
+    return ko
+
+
+def configure_rootfs(rootfs, kver, mtty_ko):
+    """Write the lab's configuration into the debootstrapped tree."""
+    write_file(rootfs, "/etc/hostname", "gpulab\n")
+    write_file(rootfs, "/etc/hosts", "127.0.0.1 localhost\n127.0.1.1 gpulab\n")
+    write_file(rootfs, "/etc/fstab", "LABEL=gpulab-root / ext4 errors=remount-ro 0 1\n")
+    write_file(rootfs, "/etc/machine-id", "")
+    write_file(rootfs, "/etc/systemd/network/20-lab.network",
+               "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n")
+    grub = open(os.path.join(rootfs, "etc/default/grub")).read()
+    lines = []
+    for line in grub.splitlines():
+        if line.startswith("GRUB_TIMEOUT="):
+            line = "GRUB_TIMEOUT=0"
+        elif line.startswith("GRUB_CMDLINE_LINUX_DEFAULT="):
+            line = 'GRUB_CMDLINE_LINUX_DEFAULT="%s"' % IMAGE_CMDLINE
+        lines.append(line)
+    lines += ["GRUB_TERMINAL=console", "GRUB_DISABLE_OS_PROBER=true"]
+    write_file(rootfs, "/etc/default/grub", "\n".join(lines) + "\n")
+    # The per-lab SSH key comes from QEMU's fw_cfg at every boot, so the image holds no key.
+    write_file(rootfs, "/usr/local/sbin/gpulab-keys", """#!/bin/sh
+set -e
+modprobe qemu_fw_cfg 2>/dev/null || true
+src=/sys/firmware/qemu_fw_cfg/by_name/opt/gpuops/authorized_keys/raw
+[ -r "$src" ] || exit 0
+install -d -m 0700 /root/.ssh
+install -m 0600 "$src" /root/.ssh/authorized_keys
+""", 0o755)
+    write_file(rootfs, "/etc/systemd/system/gpulab-keys.service", """[Unit]
+Description=Install the lab's SSH key from QEMU fw_cfg
+Before=ssh.service
+After=systemd-modules-load.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/gpulab-keys
+
+[Install]
+WantedBy=multi-user.target
+""")
+    # One boot at build time installs grub on the partitioned disk through the real tools.
+    write_file(rootfs, "/etc/gpulab/finalise", "")
+    write_file(rootfs, "/usr/local/sbin/gpulab-finalise", """#!/bin/sh
+set -e
+grub-install --target=i386-pc /dev/vda
+update-grub
+# An initramfs with the modules this VM mounts its root with and no busybox (klibc's tools do): every later
+# rebuild (host preparation does them) and every boot is much quicker under emulation than with Debian's
+# MODULES=most (or dep, which walks sysfs for them on every rebuild). What the collection adds
+# (/usr/share/initramfs-tools/modules.d, /etc/modprobe.d) goes in as with any other setting.
+sed -i 's/^MODULES=.*/MODULES=list/; s/^BUSYBOX=.*/BUSYBOX=n/' /etc/initramfs-tools/initramfs.conf
+printf '%%s\\n' virtio_pci virtio_blk ext4 >> /etc/initramfs-tools/modules
+update-initramfs -u -k all
+rm -f /etc/gpulab/finalise
+sync
+echo %s > /dev/ttyS0
+systemctl poweroff
+""" % FINALISE_MARKER, 0o755)
+    write_file(rootfs, "/etc/systemd/system/gpulab-finalise.service", """[Unit]
+Description=Finish the gpulab image: install grub on the disk, build a small initramfs
+ConditionPathExists=/etc/gpulab/finalise
+After=local-fs.target systemd-udev-settle.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/gpulab-finalise
+StandardOutput=journal+console
+
+[Install]
+WantedBy=multi-user.target
+""")
+    # Under emulation on a loaded machine a boot can wait minutes for its disk or a service: systemd's 90 s
+    # limits then failed the boot (seen: the root device's wait timed out, / stayed read-only). A slow host
+    # should be slow, not broken.
+    write_file(rootfs, "/etc/systemd/system.conf.d/gpulab.conf",
+               "[Manager]\nDefaultTimeoutStartSec=600s\nDefaultDeviceTimeoutSec=600s\n")
+    # The guest's Python keeps the bytecode of the module payloads Ansible sends (lab/guest_pycache.py).
+    write_file(rootfs, "/usr/lib/python3/dist-packages/gpulab-pycache.pth",
+               "import gpulab_pycache; gpulab_pycache.install()\n")
+    shutil.copy2(os.path.join(LAB_DIR, "guest_pycache.py"),
+                 os.path.join(rootfs, "usr/lib/python3/dist-packages/gpulab_pycache.py"))
+    # mtty: the kernel's sample mdev parent, loaded at boot.
+    dest = os.path.join(rootfs, "lib/modules", kver, "updates")
+    os.makedirs(dest, exist_ok=True)
+    shutil.copy2(mtty_ko, os.path.join(dest, "mtty.ko"))
+    write_file(rootfs, "/etc/modules-load.d/gpulab.conf", "mtty\n")
+    run(["chroot", rootfs, "depmod", kver], timeout=120)
+    run(["systemctl", "--root", rootfs, "enable", "systemd-networkd", "gpulab-keys.service",
+         "gpulab-finalise.service"], timeout=120)
+    # Services a lab host does not need; under software emulation each costs seconds of boot.
+    run(["systemctl", "--root", rootfs, "mask", "systemd-networkd-wait-online.service",
+         "apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
+         "fstrim.timer", "getty-static.service", "getty@tty1.service", "systemd-binfmt.service",
+         "proc-sys-fs-binfmt_misc.automount", "man-db.timer", "dpkg-db-backup.timer"], timeout=120)
+    for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        path = os.path.join(rootfs, sub)
+        for name in os.listdir(path):
+            full = os.path.join(path, name)
+            if os.path.isfile(full) and name != "lock":
+                os.unlink(full)
+
+
+def build_image():
+    """Build the base disk image: debootstrap, mtty, a partitioned disk, grub installed in one boot."""
+    if os.geteuid() != 0:
+        raise LabError("building the lab image needs root (debootstrap and chroot); run it as root once")
+    need_tools("debootstrap", "sfdisk", "mkfs.ext4", "qemu-system-x86_64", "make", "gcc", "dpkg-deb")
+    started = time.time()
+    work = os.path.join(CACHE, "build")
+    shutil.rmtree(work, ignore_errors=True)
+    rootfs = os.path.join(work, "rootfs")
+    debs = os.path.join(CACHE, "debs")
+    os.makedirs(rootfs)
+    os.makedirs(debs, exist_ok=True)
+    log("debootstrap %s (a few minutes the first time; packages are cached)" % SUITE)
+    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), "--cache-dir=" + debs,
+           SUITE, rootfs]
+    if os.environ.get("GPUOPS_LAB_MIRROR"):
+        cmd.append(os.environ["GPUOPS_LAB_MIRROR"])
+    run(cmd, timeout=1800, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"), progress="debootstrap " + SUITE)
+    kvers = sorted(os.listdir(os.path.join(rootfs, "lib/modules")))
+    if len(kvers) != 1:
+        raise LabError("expected one kernel in the image, found: %s" % kvers)
+    kver = kvers[0]
+    log("building the mtty sample driver for %s" % kver)
+    mtty_ko = build_mtty(kver)
+    configure_rootfs(rootfs, kver, mtty_ko)
+    kernel = os.path.join(work, "vmlinuz")
+    initrd = os.path.join(work, "initrd.img")
+    shutil.copy2(os.path.join(rootfs, "boot", "vmlinuz-" + kver), kernel)
+    shutil.copy2(os.path.join(rootfs, "boot", "initrd.img-" + kver), initrd)
+    disk = os.path.join(work, "disk.img")
+    with open(disk, "wb") as handle:
+        handle.truncate(DISK_SIZE)
+    run(["sfdisk", "-q", disk], input_text="label: dos\nstart=2048, type=83, bootable\n", timeout=60)
+    fs_kib = (DISK_SIZE - PART_OFFSET) // 1024
+    log("writing the root file system into the disk image")
+    run(["mkfs.ext4", "-q", "-F", "-L", "gpulab-root", "-E", "offset=%d" % PART_OFFSET, "-d", rootfs,
+         disk, "%dk" % fs_kib], timeout=900, progress="writing the root file system")
+    shutil.rmtree(rootfs, ignore_errors=True)
+    log("first boot: installing grub on the disk with the image's own tools")
+    serial = os.path.join(work, "finalise.log")
+    accel = choose_accel(kernel, initrd)
+    cmd = qemu_base_cmd("gpulab-build", accel) + [
+        "-drive", "file=%s,if=virtio,format=raw" % disk,
+        "-kernel", kernel, "-initrd", initrd,
+        "-append", "root=/dev/vda1 ro " + IMAGE_CMDLINE,
+        "-serial", "file:" + serial, "-no-reboot", "-nic", "none",
+    ]
+    try:
+        with Progress(LAB, "installing grub in the first boot", status=lambda: tail_text(serial, 1)):
+            subprocess.run(cmd, timeout=BOOT_TIMEOUT, check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise LabError("the image's first boot did not finish in %ss; see %s" % (BOOT_TIMEOUT, serial))
+    if FINALISE_MARKER not in read_text(serial):
+        raise LabError("installing grub in the image failed; last console lines:\n%s" % tail_text(serial))
+    final = image_path()
+    os.replace(disk, final)
+    manifest = {
+        "recipe": RECIPE_VERSION, "kernel": kver, "size": os.path.getsize(final),
+        "head_sha256": head_digest(final), "built": utc_now(),
+        "build_seconds": round(time.time() - started, 1), "cmdline": IMAGE_CMDLINE,
+        "id": hashlib.sha256(("%s-%s" % (time.time(), os.getpid())).encode()).hexdigest()[:12],
+    }
+    with open(manifest_path() + ".tmp", "w") as handle:
+        json.dump(manifest, handle, indent=2)
+    os.replace(manifest_path() + ".tmp", manifest_path())
+    shutil.rmtree(work, ignore_errors=True)
+    log("image ready: kernel %s, built in %.0fs" % (kver, time.time() - started))
