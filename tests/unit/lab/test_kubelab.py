@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# The modules of lab/kubelab.py besides the script itself.
+KUBELAB_MODULES = ("kubecommon", "kubebuild", "kubeserver", "kubefixtures")
 
 UPSTREAM_GOMOD = """module k8s.io/kubernetes
 
@@ -48,6 +50,11 @@ def kubelab(tmp_path, monkeypatch):
     """A fresh copy of lab/kubelab.py whose cache and state live under tmp_path."""
     monkeypatch.setenv("GPUOPS_KUBE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("GPUOPS_KUBE_STATE", str(tmp_path / "state"))
+    # kubelab.py imports its parts beside it (lab/kubebuild.py, ...), which read the environment when they are
+    # first imported: each test gets fresh copies of them too. A test replaces a function or setting in the
+    # module whose code looks it up (kubelab.kubeserver, kubelab.kubebuild).
+    for name in KUBELAB_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
     return load("kubelab_under_test", os.path.join(TOP, "lab", "kubelab.py"))
 
 
@@ -279,7 +286,7 @@ def test_wipe_state_removes_a_servers_files_and_nothing_else(kubelab, tmp_path):
 
 
 def test_wipe_state_of_a_directory_that_does_not_exist(kubelab, tmp_path, monkeypatch):
-    monkeypatch.setattr(kubelab, "STATE", str(tmp_path / "absent" / "state"))
+    monkeypatch.setattr(kubelab.kubeserver, "STATE", str(tmp_path / "absent" / "state"))
     kubelab.wipe_state()
     assert not os.path.exists(tmp_path / "absent")
 
@@ -292,16 +299,16 @@ def test_fresh_start_stops_the_recorded_server_and_starts_from_an_empty_state(ku
     (state / "etcd").mkdir(parents=True)
     (state / "server.json").write_text(json.dumps(recorded))
     (state / "kubeconfig-unauthorised").write_text("x")
-    monkeypatch.setattr(kubelab, "ensure_binaries", lambda: {"kubernetes": kubelab.KUBE_VERSION})
-    monkeypatch.setattr(kubelab, "etcd_version", lambda: "3.5.16")
-    monkeypatch.setattr(kubelab, "server_state", lambda meta: "running")
-    monkeypatch.setattr(kubelab, "stop_server", lambda meta: calls.append(("stop", meta)))
+    monkeypatch.setattr(kubelab.kubeserver, "ensure_binaries", lambda: {"kubernetes": kubelab.KUBE_VERSION})
+    monkeypatch.setattr(kubelab.kubeserver, "etcd_version", lambda: "3.5.16")
+    monkeypatch.setattr(kubelab.kubeserver, "server_state", lambda meta: "running")
+    monkeypatch.setattr(kubelab.kubeserver, "stop_server", lambda meta: calls.append(("stop", meta)))
 
     def start(manifest, etcd_ver):
         calls.append(("start", sorted(os.listdir(state))))
         return {"server": "https://127.0.0.1:2"}
 
-    monkeypatch.setattr(kubelab, "start_server", start)
+    monkeypatch.setattr(kubelab.kubeserver, "start_server", start)
     # Without --fresh a running server is reused, as `make kube` and `make site` want.
     assert kubelab.ensure_server() == (recorded, False) and calls == []
     meta, fresh = kubelab.ensure_server(fresh=True)
@@ -315,10 +322,10 @@ def test_fresh_start_stops_the_recorded_server_and_starts_from_an_empty_state(ku
 
 def test_a_live_server_that_fails_one_health_check_is_still_running(kubelab, monkeypatch):
     answers = [False, True]
-    monkeypatch.setattr(kubelab, "process_alive", lambda pid, marker: True)
-    monkeypatch.setattr(kubelab, "etcd_healthy", lambda port: answers.pop(0) if answers else False)
-    monkeypatch.setattr(kubelab, "readyz", lambda server: True)
-    monkeypatch.setattr(kubelab.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(kubelab.kubeserver, "process_alive", lambda pid, marker: True)
+    monkeypatch.setattr(kubelab.kubeserver, "etcd_healthy", lambda port: answers.pop(0) if answers else False)
+    monkeypatch.setattr(kubelab.kubeserver, "readyz", lambda server: True)
+    monkeypatch.setattr(kubelab.kubeserver.time, "sleep", lambda seconds: None)
     meta = {"pids": {"etcd": 1, "kube-apiserver": 2}, "ports": {"etcd": 1}, "server": "https://x"}
     assert kubelab.server_state(meta) == "running"
     # One that keeps failing is stale.
@@ -356,7 +363,7 @@ def test_commands_that_need_a_server_fail_cleanly(kubelab, capsys):
 
 
 def test_start_without_go_says_so(kubelab, monkeypatch, capsys):
-    monkeypatch.setattr(kubelab, "GO", "no-such-go-binary")
+    monkeypatch.setattr(kubelab.kubebuild, "GO", "no-such-go-binary")
     assert kubelab.main(["build"]) == 1
     err = capsys.readouterr().err
     assert "no-such-go-binary is not installed" in err and "Traceback" not in err
@@ -426,11 +433,11 @@ def test_etcd_older_than_the_minimum_is_refused(kubelab, tmp_path, monkeypatch):
     fake = tmp_path / "etcd"
     fake.write_text("#!/bin/sh\necho 'etcd Version: 3.4.23'\necho 'Git SHA: Not provided'\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(kubelab, "ETCD", str(fake))
+    monkeypatch.setattr(kubelab.kubeserver, "ETCD", str(fake))
     with pytest.raises(kubelab.KubeLabError, match="3.4.23 is too old"):
         kubelab.etcd_version()
     fake.write_text("#!/bin/sh\necho 'etcd Version: 3.5.16'\n")
     assert kubelab.etcd_version() == "3.5.16"
-    monkeypatch.setattr(kubelab, "ETCD", str(tmp_path / "missing-etcd"))
+    monkeypatch.setattr(kubelab.kubeserver, "ETCD", str(tmp_path / "missing-etcd"))
     with pytest.raises(kubelab.KubeLabError, match="make hostdeps"):
         kubelab.etcd_version()
