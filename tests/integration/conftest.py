@@ -942,8 +942,7 @@ def lab_work_times(work):
             continue
         for name, steps in batch.timeline.items():
             begun = batch.started - TIMES["started"]
-            marks = [(step, at) for step, at in steps]
-            for (step, at), (_next, until) in zip(marks, marks[1:]):
+            for (step, at), (_next, until) in zip(steps, steps[1:]):
                 parts.append({"part": "scenario %s %s" % (name, step), "seconds": until - at,
                               "ended": round(begun + until)})
     power_loss = work.power_loss.get(timeout=0)
