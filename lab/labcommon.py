@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -160,6 +161,23 @@ def duration(seconds):
     return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
 
 
+# A terminal's control sequences: CSI (colours, cursor moves, erase: ESC [ ... final byte), OSC (a window title:
+# ESC ] ... BEL or ESC \\) and the other escapes (ESC, intermediate bytes, a final byte: ESC ( B, ESC 7...).
+CONTROL_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -/]*[0-~])")
+# What is left of control characters after the sequences are gone (a lone ESC, BEL, backspace, NUL...).
+CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def plain_text(text):
+    """A console or command output line as a terminal would have shown it, as plain text on one line: without
+    control sequences (systemd's colours on a serial console), only what the last carriage return redrew
+    (a progress counter rewriting its line), with runs of white space as one space."""
+    text = CONTROL_SEQUENCE.sub("", text or "")
+    drawn = [part for part in text.split("\r") if part.strip()]
+    text = drawn[-1] if drawn else ""
+    return " ".join(CONTROL_CHARACTER.sub("", text).split())
+
+
 class Progress:
     """A long step that says, every `progress_interval()` seconds, that it is still going: what it does, for
     how long, and what it is at (the last output line of its command, or what `status()` returns), and at
@@ -207,8 +225,8 @@ class Progress:
         if lines:
             details.append("%d line%s of output" % (lines, "" if lines == 1 else "s"))
         text = "still %s (%s)" % (self.what, ", ".join(details))
+        last = plain_text(last)
         if last:
-            last = " ".join(last.split())
             if len(last) > self.LAST_WIDTH:
                 last = last[:self.LAST_WIDTH - 3] + "..."
             text += ": " + last

@@ -143,3 +143,32 @@ def test_no_interval_means_no_lines(monkeypatch):
                                            (3599, "59m59s"), (3720, "1h02m")])
 def test_durations_read_as_people_write_them(seconds, text):
     assert labcommon.duration(seconds) == text
+
+
+@pytest.mark.parametrize("raw, shown", [
+    # systemd's coloured status on a serial console (issue 26: the colour codes reached the progress lines)
+    ("[\x1b[0;32m  OK  \x1b[0m] Mounted \x1b[0;1;39msys-kernel-debug.m\u2026nt\x1b[0m.",
+     "[ OK ] Mounted sys-kernel-debug.m\u2026nt."),
+    # a counter that redraws its line: what the last carriage return drew, not every state run together
+    ("Progress: 10%\rProgress: 55%\r", "Progress: 55%"),
+    ("A stop job is running\r\x1b[K[ ***  ] A stop job is running (5s / 1min 30s)\r\n",
+     "[ *** ] A stop job is running (5s / 1min 30s)"),
+    # a window title, a character set change, cursor save/restore, a bell, a lone escape at the end
+    ("\x1b]0;root@gpulab: ~\x07hello\tworld", "hello world"),
+    ("a\x1b(Bb\x1b7c\x1b8\x07d\x1b", "abcd"),
+    ("  \r\n", ""),
+    ("", ""),
+])
+def test_plain_text_shows_a_line_as_the_terminal_did(raw, shown):
+    assert labcommon.plain_text(raw) == shown
+
+
+def test_a_progress_line_shows_the_console_without_control_sequences(lab):
+    def status():
+        return "[\x1b[0;32m  OK  \x1b[0m] Reached target \x1b[0;1;39mnetwork.target\x1b[0m - Network.\r"
+
+    with labcommon.Progress(lab, "booting", status=status):
+        labcommon.time.sleep(0.5)
+    still = [line for line in lab.logged if line.startswith("still booting")]
+    assert still and still[-1].endswith(": [ OK ] Reached target network.target - Network."), lab.logged
+    assert not any("\x1b" in line or "\r" in line for line in lab.logged)
