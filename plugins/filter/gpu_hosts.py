@@ -130,6 +130,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     release_labels,
     workload_labels,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names import PluginNameError, read_pci_ids
 
 
 def _config_types(device_config, name):
@@ -145,13 +146,10 @@ def _config_types(device_config, name):
 
 
 def _read_pci_ids(path):
-    if not path:
-        return None
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except (IOError, OSError) as exc:
-        raise AnsibleFilterError("cannot read the sandbox device plugin's pci.ids %s: %s" % (path, exc.strerror or exc))
+        return read_pci_ids(path)
+    except PluginNameError as exc:
+        raise AnsibleFilterError(exc.msg)
 
 
 def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_vendor_ids=("10de",), resource_names=None,

@@ -67,6 +67,27 @@ class PluginNameError(GpuopsError, ValueError):
         self.msg = msg
 
 
+def read_pci_ids(path, what="plugin_pci_ids"):
+    """The bytes of the pci.ids file at ``path`` (the sandbox device plugin image's copy), or None without a path.
+
+    Any path that cannot be read is a PluginNameError naming ``what``, the path (a NUL byte, which no file name
+    can hold, shown escaped) and what is expected: open() refuses a NUL byte with a ValueError rather than an
+    OSError, and a path that is not text with a TypeError."""
+    if path is None or path == "":
+        return None
+    shown = repr(path) if not isinstance(path, str) or "\x00" in path else path
+    if not isinstance(path, (str, bytes)) or (b"\x00" if isinstance(path, bytes) else "\x00") in path:
+        why = "a file name cannot hold a NUL byte" if isinstance(path, (str, bytes)) else "not a path"
+    else:
+        try:
+            with open(path, "rb") as handle:
+                return handle.read()
+        except (IOError, OSError) as exc:
+            why = exc.strerror or str(exc)
+    raise PluginNameError("cannot read %s %s: %s; give the path of the pci.ids file of the sandbox device plugin "
+                          "image on the controller" % (what, shown, why))
+
+
 # ---------------------------------------------------------------------------------------------
 # Go string semantics
 # ---------------------------------------------------------------------------------------------

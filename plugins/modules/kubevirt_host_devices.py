@@ -277,7 +277,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     plan_kubevirt,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import create_module, run_module
-from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names import parse_overrides
+from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names import PluginNameError, parse_overrides, read_pci_ids
 
 HEX4_RE = re.compile(r"\A[0-9a-fA-F]{4}\Z")
 # The keys of a gpuops.sandbox.gpu_facts GPU (mdev type, vGPU state) this module reads, with the types their values
@@ -414,14 +414,10 @@ def find_cr(api, namespace, name):
 
 def read_plugin_pci_ids(path):
     """The text of the plugin image's pci.ids the user gave, or None."""
-    if not path:
-        return None
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except (IOError, OSError) as exc:
-        raise PlanError("cannot read plugin_pci_ids %s: %s; give the path of the pci.ids file of the sandbox device "
-                        "plugin image on the controller" % (path, exc.strerror or exc))
+        return read_pci_ids(path)
+    except PluginNameError as exc:
+        raise PlanError(exc.msg)
 
 
 def run(module, api):

@@ -48,3 +48,12 @@ def test_gpu_hosts():
         gpu_hosts([{"inventory_hostname": "h1", "gpuops_workload_type": "vm-vgpu", "gpuops_vgpu_config_name": "A10-8Q"}], config)
     with pytest.raises(AnsibleFilterError, match="same node name n"):
         gpu_hosts([{"inventory_hostname": "a", "gpuops_node_name": "n"}, {"inventory_hostname": "b", "gpuops_node_name": "n"}])
+
+
+def test_gpu_hosts_names_a_pci_ids_path_it_cannot_read(tmp_path):
+    from ansible_collections.gpuops.sandbox.plugins.filter.gpu_hosts import gpu_hosts
+    host = {"inventory_hostname": "h1", "gpuops_workload_type": "vm-passthrough"}
+    for path, why in ((str(tmp_path / "pci.ids") + "\x00", "a file name cannot hold a NUL byte"),
+                      (str(tmp_path / "missing"), "No such file or directory")):
+        with pytest.raises(AnsibleFilterError, match="cannot read plugin_pci_ids .*" + why):
+            gpu_hosts([host], plugin_pci_ids=path)

@@ -472,3 +472,35 @@ def test_oracle_on_generated_input(oracle, body, newline, key, raw, profile):
     content = _b("\n".join("%d : %s" % (n, p) for n, p in enumerate(profile)))
     mine = {k: _sfx(v) for k, v in pn.vendor_vgpu_resource_names(content).items()}
     assert oracle.profiles([content]) == [mine]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the user's pci.ids (issue 26, item 7): every bad path is the same clear error
+# ---------------------------------------------------------------------------------------------
+
+def test_read_pci_ids_reads_the_file_and_nothing_without_a_path(tmp_path):
+    ids = tmp_path / "pci.ids"
+    ids.write_bytes(b"10de  NVIDIA Corporation\n")
+    assert pn.read_pci_ids(str(ids)) == b"10de  NVIDIA Corporation\n"
+    assert pn.read_pci_ids(None) is None and pn.read_pci_ids("") is None
+
+
+@pytest.mark.parametrize("make_path, why", [
+    (lambda tmp: str(tmp / "pci.ids") + "\x00.txt", "a file name cannot hold a NUL byte"),
+    (lambda tmp: (str(tmp / "pci.ids") + "\x00").encode(), "a file name cannot hold a NUL byte"),
+    (lambda tmp: str(tmp / "missing"), "No such file or directory"),
+    (lambda tmp: str(tmp), "Is a directory"),
+    (lambda tmp: 42, "not a path"),
+])
+def test_read_pci_ids_names_a_path_it_cannot_read(tmp_path, make_path, why):
+    (tmp_path / "pci.ids").write_bytes(b"10de  NVIDIA Corporation\n")
+    path = make_path(tmp_path)
+    with pytest.raises(pn.PluginNameError) as caught:
+        pn.read_pci_ids(path, what="plugin_pci_ids")
+    msg = caught.value.msg
+    assert msg.startswith("cannot read plugin_pci_ids ") and why in msg, msg
+    assert "give the path of the pci.ids file" in msg
+    # The NUL byte is shown escaped, never written raw into a message.
+    assert "\x00" not in msg
+    if isinstance(path, str) and "\x00" in path:
+        assert "\\x00" in msg

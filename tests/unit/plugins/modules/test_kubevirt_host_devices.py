@@ -213,6 +213,12 @@ def test_plugin_pci_ids_names_from_the_users_file(monkeypatch, tmp_path):
     assert result["permitted_host_devices"]["pciHostDevices"][0]["resourceName"] == "nvidia.com/GA102GL_A10_NEW_NAME"
     kind, result = invoke(monkeypatch, fake, hosts=[HOSTS[1]], plugin_pci_ids=str(tmp_path / "missing"))
     assert kind == "fail" and "cannot read plugin_pci_ids" in result["msg"] and "missing" in result["msg"]
+    # A NUL byte in the path (issue 26): the same clear error, not "failed unexpectedly (ValueError ...)".
+    fake.patches = []
+    kind, result = invoke(monkeypatch, fake, hosts=[HOSTS[1]], plugin_pci_ids=str(ids) + "\x00")
+    assert kind == "fail" and "cannot read plugin_pci_ids" in result["msg"], result
+    assert "a file name cannot hold a NUL byte" in result["msg"] and "unexpectedly" not in result["msg"]
+    assert fake.patches == []
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "Infinity", " -Infinity", float("inf"), "9" * 5000],
