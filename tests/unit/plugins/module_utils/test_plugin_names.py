@@ -489,7 +489,7 @@ def test_read_pci_ids_reads_the_file_and_nothing_without_a_path(tmp_path):
     (lambda tmp: str(tmp / "pci.ids") + "\x00.txt", "a file name cannot hold a NUL byte"),
     (lambda tmp: (str(tmp / "pci.ids") + "\x00").encode(), "a file name cannot hold a NUL byte"),
     (lambda tmp: str(tmp / "missing"), "No such file or directory"),
-    (lambda tmp: str(tmp), "Is a directory"),
+    (str, "Is a directory"),
     (lambda tmp: 42, "not a path"),
 ])
 def test_read_pci_ids_names_a_path_it_cannot_read(tmp_path, make_path, why):
