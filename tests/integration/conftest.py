@@ -52,8 +52,8 @@ def mitogen_env():
 
 
 def run(cmd, timeout=1800, env=None, check=False, plain_ssh=False):
-    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). Ansible
-    commands run on the mitogen strategy (see MITOGEN_ENV) unless `plain_ssh`."""
+    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). With
+    GPUOPS_TEST_MITOGEN=1, Ansible commands run on the mitogen strategy (see MITOGEN_ENV) unless `plain_ssh`."""
     full_env = dict(os.environ)
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
