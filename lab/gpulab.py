@@ -78,7 +78,10 @@ def cmd_image(args):
         problem = image_problem()
         if problem:
             raise LabError("cached image is %s" % problem)
-        log("cached image is valid: %s" % json.dumps(image_manifest()))
+        if args.json:
+            print(json.dumps({"image": image_path(), "manifest": manifest_path(), **image_manifest()}))
+        else:
+            log("cached image is valid (%s): %s" % (image_path(), json.dumps(image_manifest())))
         return
     started = time.time()
     manifest = ensure_image(rebuild=args.rebuild)
@@ -220,6 +223,7 @@ def main(argv=None):
     p = add_command(sub, "image", cmd_image, "build the base image unless a valid one is cached")
     p.add_argument("--rebuild", action="store_true", help="rebuild even when a valid image is cached")
     p.add_argument("--verify", action="store_true", help="only check the cached image")
+    p.add_argument("--json", action="store_true", help="with --verify: the image's paths and manifest as JSON")
     for name, func, text in (("start", cmd_start, "start lab hosts (a no-op for running ones)"),
                              ("stop", cmd_stop, "power lab hosts off"),
                              ("reset", cmd_reset, "discard a host's changes: back to the pristine image"),

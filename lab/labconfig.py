@@ -23,7 +23,10 @@ LAB_DIR = os.path.dirname(os.path.abspath(__file__))
 CLI = os.path.join(LAB_DIR, "gpulab.py")
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = os.environ.get("GPUOPS_LAB_CACHE") or os.path.join(TOP, ".cache", "lab")
+# The image cache belongs to the machine, not to a checkout (like Go's build cache): every clone and worktree of
+# the project boots the same image, built once per recipe. GPUOPS_LAB_CACHE moves it.
+CACHE = os.environ.get("GPUOPS_LAB_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpuops-sandbox", "lab")
 STATE = os.environ.get("GPUOPS_LAB_STATE") or os.path.join(TOP, ".lab")
 INVENTORY_DIR = os.environ.get("GPUOPS_LAB_INVENTORY") or os.path.join(TOP, "inventories", "lab")
 INVENTORY_HOSTS = os.path.join(INVENTORY_DIR, "hosts.yml")
@@ -129,11 +132,13 @@ def select_hosts(requested, starting=False):
 # ---------------------------------------------------------------------------------------------
 
 def image_path():
-    return os.path.join(CACHE, IMAGE_NAME + ".img")
+    """The image of this recipe: checkouts at other recipes keep their own beside it (a host's overlay disk
+    names its image as its backing file, so an image must not change under a checkout that uses it)."""
+    return os.path.join(CACHE, "%s-r%s.img" % (IMAGE_NAME, RECIPE_VERSION))
 
 
 def manifest_path():
-    return os.path.join(CACHE, IMAGE_NAME + ".json")
+    return os.path.join(CACHE, "%s-r%s.json" % (IMAGE_NAME, RECIPE_VERSION))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,13 +25,13 @@ LAB = [sys.executable, os.path.join(TOP, "lab", "gpulab.py")]
 os.environ.setdefault("GPUOPS_LAB_BOOT_TIMEOUT", "1500")
 
 
-# With GPUOPS_TEST_MITOGEN=1 the lab's Ansible runs use the mitogen strategy (one Python per host for a whole play,
-# modules run in it): under emulation a module's start costs a guest about 3 s of CPU, mostly importing
-# ansible.module_utils.basic, again for every task, and mitogen cut a target's guest CPU to a third. Users run plain
-# SSH: the container scenario and the site.yml run as AWX runs it (test_95) stay on it (PLAIN_SSH_SCENARIOS).
-# Not the default yet: in a whole tier on mitogen (2026-11-27) the guests it kept busy without a pause (the container
-# converge, the module targets) left the three hosts still booting a fifth of a core each, and two of them did not
-# answer SSH within the lab's 900 s (README, Tests).
+# The lab's Ansible runs use the mitogen strategy (one Python per host for a whole play, modules run in it): under
+# emulation a module's start costs a guest about 3 s of CPU, mostly importing ansible.module_utils.basic, again for
+# every task, and mitogen cut a target's guest CPU to a third. Users run plain SSH: the container scenario, the
+# host_lock target and the site.yml run as AWX runs it (test_95, through ansible-runner) stay on it.
+# GPUOPS_TEST_MITOGEN=0 puts every run on plain SSH. A whole tier on mitogen failed twice (2026-11-27) while the
+# hosts booted beside the busy ones (the container converge, the module targets): a host still booting got a fifth
+# of a core and two did not answer SSH within 900 s; the lab work now boots every host before any works (LabBoot).
 MITOGEN_ENV = "GPUOPS_TEST_MITOGEN"
 PLAIN_SSH_SCENARIOS = ("container",)
 # Module targets that run on plain SSH: host_lock's race starts two async jobs of one loop at once, and under
@@ -42,7 +42,7 @@ PLAIN_SSH_TARGETS = ("host_lock",)
 
 def mitogen_env():
     """The environment that puts an ansible-playbook on the mitogen strategy; {} when it is turned off."""
-    if os.environ.get(MITOGEN_ENV, "0") != "1":
+    if os.environ.get(MITOGEN_ENV, "1") == "0":
         return {}
     import ansible_mitogen  # pylint: disable=import-outside-toplevel
     strategies = os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy")
@@ -52,8 +52,8 @@ def mitogen_env():
 
 
 def run(cmd, timeout=1800, env=None, check=False, plain_ssh=False):
-    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). With
-    GPUOPS_TEST_MITOGEN=1, Ansible commands run on the mitogen strategy (see MITOGEN_ENV) unless `plain_ssh`."""
+    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). Ansible
+    commands run on the mitogen strategy (see MITOGEN_ENV) unless `plain_ssh` or GPUOPS_TEST_MITOGEN=0."""
     full_env = dict(os.environ)
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
@@ -137,20 +137,35 @@ class BackgroundRuns:
 
     They run while other tests work elsewhere (the module targets on the spare host, the image, API server
     and docs tests on the controller), so their output goes to files rather than pipes nobody reads yet.
+    With `boot` (a LabBoot), they start once it has booted their hosts from the pristine image, and their
+    create step keeps those hosts (GPUOPS_MOLECULE_REUSE=1); if the boot failed, each create resets and boots
+    its own host as without it.
     """
 
-    def __init__(self, specs):
+    def __init__(self, specs, boot=None):
         self.started = time.monotonic()
         self.dir = tempfile.mkdtemp(prefix="gpuops-scenarios-")
         self.procs = {}
-        for name, env in specs.items():
-            handle = open(os.path.join(self.dir, name + ".log"), "w+", encoding="utf-8")  # pylint: disable=consider-using-with
-            state_dir = os.path.join(self.dir, name + ".state")
-            self.procs[name] = (molecule(name, env, output=handle, state_dir=state_dir), handle)
         self._results = None
+        self._lock = threading.Lock()
+        self._killed = False
+        self._launched = threading.Event()
         # When each molecule action began, from the logs (timeline.json beside them): what each step costs.
         self.timeline = {name: [] for name in specs}
-        threading.Thread(target=self._watch, daemon=True).start()
+        threading.Thread(target=self._launch, args=(specs, boot), daemon=True).start()
+
+    def _launch(self, specs, boot):
+        reuse = boot is not None and boot.wait()
+        with self._lock:
+            if not self._killed:
+                for name, env in specs.items():
+                    if reuse:
+                        env = dict(env, GPUOPS_MOLECULE_REUSE="1")
+                    handle = open(os.path.join(self.dir, name + ".log"), "w+", encoding="utf-8")  # pylint: disable=consider-using-with
+                    state_dir = os.path.join(self.dir, name + ".state")
+                    self.procs[name] = (molecule(name, env, output=handle, state_dir=state_dir), handle)
+            self._launched.set()
+        self._watch()
 
     def _watch(self):
         while True:
@@ -180,12 +195,16 @@ class BackgroundRuns:
             time.sleep(5)
 
     def wait(self, name, timeout=3600):
-        """The return code of one run, once it has ended."""
+        """The return code of one run, once it has ended (None when the runs were killed before they began)."""
+        self._launched.wait(timeout)
+        if name not in self.procs:
+            return None
         return self.procs[name][0].wait(timeout=timeout)
 
     def results(self, timeout=3600):
         """{scenario: (returncode, output, seconds from the start to its end)}"""
         if self._results is None:
+            self._launched.wait(timeout)
             results = {}
             for name, (proc, handle) in self.procs.items():
                 proc.wait(timeout=timeout)
@@ -197,6 +216,8 @@ class BackgroundRuns:
         return self._results
 
     def kill(self):
+        with self._lock:
+            self._killed = True
         for proc, handle in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
@@ -364,8 +385,9 @@ class ModuleTargetsRun:
 
     steps = BEFORE_REBOOT + [REBOOT_STEP] + AFTER_REBOOT
 
-    def __init__(self, host=MODULES_HOST):
+    def __init__(self, host=MODULES_HOST, boot=None):
         self.host = host
+        self.boot = boot
         self.started = time.monotonic()
         self.dir = tempfile.mkdtemp(prefix="gpuops-module-targets-")
         self._results = {}
@@ -392,8 +414,11 @@ class ModuleTargetsRun:
 
     def _run(self):
         try:
-            lab("reset", "--no-start", self.host, check=True)
-            lab("start", self.host, check=True, timeout=1800)
+            # The lab's boot of every host has reset and booted this one; without it (or when it failed), the
+            # chain does both itself.
+            if self.boot is None or not self.boot.wait():
+                lab("reset", "--no-start", self.host, check=True)
+                lab("start", self.host, check=True, timeout=1800)
             self.lab_cli["start_again"] = start_again(self.host)
         except Exception as exc:  # pylint: disable=broad-except
             self._fail_all("%s did not start: %s" % (self.host, exc))
@@ -426,6 +451,44 @@ class ModuleTargetsRun:
 # ---------------------------------------------------------------------------------------------
 # The lab's work, in the background: scenarios, what follows each on its host, the module targets
 # ---------------------------------------------------------------------------------------------
+
+class LabBoot:
+    """Every host the lab work uses, reset to the pristine image and booted at once, before any of them works.
+
+    Booting is what an emulated host does worst beside busy neighbours: on 2026-11-27, with the hosts booted by
+    each chain's own first step, a host still booting got a fifth of a core while its neighbours already ran
+    Ansible, and on mitogen two hosts did not answer SSH within 900 s. Booted together, the five share the
+    machine with nothing heavier than the quick tiers. wait() says whether every host came up."""
+
+    def __init__(self, hosts):
+        self.hosts = list(hosts)
+        self.started = time.monotonic()
+        self.seconds = None
+        self.error = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        try:
+            lab("reset", "--no-start", *self.hosts, check=True, timeout=600)
+            lab("start", *self.hosts, check=True, timeout=1800)
+        except Exception as exc:  # pylint: disable=broad-except
+            self.error = "%s: %s" % (type(exc).__name__, exc)
+        finally:
+            self.seconds = time.monotonic() - self.started
+            self._done.set()
+
+    def wait(self, timeout=2400):
+        """True once every host answers SSH; False if the boot failed or did not end within `timeout`."""
+        return self._done.wait(timeout) and self.error is None
+
+    def results(self, timeout=2400):
+        self._done.wait(timeout)
+        return {"error": self.error, "seconds": self.seconds}
+
+    def kill(self):
+        """Nothing to kill: the lab commands have their own time limits."""
+
 
 class After:
     """A run started on a host once that host's scenario has passed (None when it failed), by a thread that
@@ -469,8 +532,9 @@ class LabWork:
     def __init__(self):
         # How much each host's reboot follower had written before: what this session's reboots add follows.
         self.follower_logs = {host: len(lab_file(host, "reboots.log")) for host in SCENARIOS.values()}
-        self.modules = ModuleTargetsRun()
-        self.scenarios = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS})
+        self.boot = LabBoot([MODULES_HOST] + list(SCENARIOS.values()))
+        self.modules = ModuleTargetsRun(boot=self.boot)
+        self.scenarios = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS}, boot=self.boot)
         self.switch = After(self.scenarios, "vm_passthrough", lambda: BackgroundRuns(
             {"switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
         self.dra_switch = After(self.scenarios, "dra", lambda: BackgroundRuns(
@@ -479,7 +543,7 @@ class LabWork:
 
     @property
     def parts(self):
-        return [self.modules, self.scenarios, self.switch, self.dra_switch, self.power_loss]
+        return [self.boot, self.modules, self.scenarios, self.switch, self.dra_switch, self.power_loss]
 
     def settle(self):
         for part in self.parts:
@@ -943,6 +1007,9 @@ def lab_work_times(work):
     if work is None:
         return parts
     offset = work.modules.started - TIMES["started"]
+    if work.boot.seconds is not None:
+        parts.append({"part": "boot of every lab host (reset, start, SSH)", "seconds": round(work.boot.seconds),
+                      "ended": round(work.boot.started - TIMES["started"] + work.boot.seconds)})
     for step, (_rc, _out, seconds) in work.modules.results(timeout=0).items():
         parts.append({"part": "module target " + step, "seconds": round(seconds)})
     for batch in (work.scenarios, work.switch.get(timeout=0), work.dra_switch.get(timeout=0)):

@@ -4,7 +4,7 @@ port is checked on the module targets' host, test_88)."""
 import json
 import os
 
-from conftest import TOP, lab
+from conftest import lab
 
 # The spare host: the module targets' chain (conftest.ModuleTargetsRun) boots it from a fresh overlay at the
 # session's start and runs `gpulab start` on it once more, recorded for the test below; that chain's power loss
@@ -41,15 +41,19 @@ def test_missing_qemu_is_named(tmp_path):
 
 
 def test_corrupt_image_cache_is_reported(tmp_path):
+    # The lab's real image and manifest (the machine's cache, or GPUOPS_LAB_CACHE), named by the lab itself.
+    real = json.loads(lab("image", "--verify", "--json", check=True, timeout=600).stdout)
+    image, manifest_file = os.path.basename(real["image"]), os.path.basename(real["manifest"])
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "debian12-gpulab.img").write_bytes(b"\0" * 4096)
-    (cache / "debian12-gpulab.json").write_text("{not json")
+    (cache / image).write_bytes(b"\0" * 4096)
+    (cache / manifest_file).write_text("{not json")
     proc = lab("image", "--verify", env={"GPUOPS_LAB_CACHE": str(cache)}, timeout=60)
     assert proc.returncode == 1
     assert "cached image is corrupt: its manifest cannot be read" in proc.stdout
-    manifest = json.loads((open(os.path.join(TOP, ".cache", "lab", "debian12-gpulab.json")).read()))
-    (cache / "debian12-gpulab.json").write_text(json.dumps(manifest))
+    with open(real["manifest"], encoding="utf-8") as handle:
+        manifest = json.load(handle)
+    (cache / manifest_file).write_text(json.dumps(manifest))
     proc = lab("image", "--verify", env={"GPUOPS_LAB_CACHE": str(cache)}, timeout=60)
     assert proc.returncode == 1
     assert "cached image is corrupt: size 4096, expected %d" % manifest["size"] in proc.stdout
