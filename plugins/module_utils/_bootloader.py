@@ -401,8 +401,10 @@ def detect_backend(ctx):
 # ---------------------------------------------------------------------------------------------
 
 def execute(ctx, plan):
-    """Write the files and the record, run the commands, verify; on any failure put every file back and fail."""
-    txn = Transaction(ctx.module)
+    """Write the files and the record, run the commands, verify; on any failure put every file back and fail.
+
+    Returns ``[(path, backup)]`` of the files backed up (backups in _persist.BACKUP_DIR under the root)."""
+    txn = Transaction(ctx.module, ctx.root)
     pending_before = read_text(ctx.path(pending_path(PENDING)))
     pending_dirs = []
 
@@ -457,7 +459,7 @@ def execute(ctx, plan):
                                 rolled_back=not errors, backup_files=txn.backups)
     if plan.pending:
         clear_pending(ctx.root, PENDING)
-    return txn.backups
+    return txn.backed_up
 
 
 def reboot_required(ctx, changed):

@@ -19,13 +19,16 @@ command again, although the files already hold what they should.
 
 Two ways to roll back live here: :func:`snapshot` and :func:`restore` (content kept in memory, used by
 most modules), and :class:`Transaction` (backup files on disk, used by kernel_cmdline for the boot
-configuration; its docstring says why it is not built on the first).
+configuration; its docstring says why it is not built on the first). Those backups go to the collection's
+state directory (:data:`BACKUP_DIR`), never next to the file they copy, and only the newest
+:data:`BACKUPS_KEPT` of each file are kept.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -147,7 +150,9 @@ def changed_files(root, wanted):
     return changes
 
 
-PENDING_DIR = "/var/lib/gpuops/pending"
+# The collection's own state on the host: records, pending records, backups.
+STATE_DIR = "/var/lib/gpuops"
+PENDING_DIR = STATE_DIR + "/pending"
 # The pending records there: an initramfs rebuild of kernel_modules, a grub.cfg or BLS generation of kernel_cmdline.
 PENDING_INITRAMFS = "initramfs"
 PENDING_BOOTLOADER = "bootloader"
@@ -304,7 +309,7 @@ def _write_as_is(module, path, text):
 
 
 def _copy_back(module, backup, path):
-    """Put ``backup`` (a copy made by ``module.backup_local``) back at ``path`` through a temp file and a move."""
+    """Put ``backup`` (a copy made by :meth:`Transaction.backup`) back at ``path`` through a temp file and a move."""
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
     os.close(fd)
@@ -316,22 +321,55 @@ def _copy_back(module, backup, path):
             os.unlink(tmp)
 
 
+# Backups of the files a Transaction changes: BACKUP_DIR/<host path, "%" and "/" escaped>.<UTC time>, e.g.
+# etc%2Fdefault%2Fgrub.d%2F99-gpuops-sandbox.cfg.20250131T120000.123456Z; the newest BACKUPS_KEPT of each file stay.
+BACKUP_DIR = STATE_DIR + "/backups"
+BACKUPS_KEPT = 3
+_BACKUP_STAMP_RE = re.compile(r"[0-9]{8}T[0-9]{6}\.[0-9]{6}Z(-[0-9]+)?")
+
+
+def backup_prefix(host_file):
+    """The start of the names of the backups of ``host_file`` in BACKUP_DIR (up to the time, dot included)."""
+    return host_file.lstrip("/").replace("%", "%25").replace("/", "%2F") + "."
+
+
+def list_backups(root, host_file):
+    """The backups of ``host_file`` in BACKUP_DIR under ``root``, oldest first (full paths)."""
+    directory = host_path(root, BACKUP_DIR)
+    prefix = backup_prefix(host_file)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [os.path.join(directory, name) for name in sorted(names)
+            if name.startswith(prefix) and _BACKUP_STAMP_RE.fullmatch(name[len(prefix):])]
+
+
+def _stamp():
+    now = time.time()
+    return "%s.%06dZ" % (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)), int(now % 1 * 1000000))
+
+
 class Transaction:
     """Backs up each file before it changes and can put every one of them back (kernel_cmdline's boot files).
 
     It is not built on :func:`snapshot` and :func:`restore`, because that would change what it does:
     every file it changes or lets a command regenerate (grub.cfg, grubenv, BLS entries) gets a backup on
-    disk, ``<file>.<pid>.<timestamp>~`` from ``module.backup_local``, which the module returns
-    (``backup_file``, ``backup_files``) and which stays after the run; a file is put back by copying
-    that backup, its bytes, mode and times (:func:`shutil.copy2`), where :func:`restore` writes text
-    root:root 0644; boot files are read and written with ``surrogateescape``, so bytes that are not
-    UTF-8 survive, where :func:`read_text` reads in the locale's encoding; and it removes the directories
-    it created. Only the module's own record (a small JSON file with no backup) goes through
-    :func:`write_text` and is put back with :func:`restore`, as the other modules' files are.
+    disk, in :data:`BACKUP_DIR` under ``root`` (see :func:`backup_prefix`), which the module returns
+    (``backup_file``, ``backup_files``) and which stays after the run, the newest :data:`BACKUPS_KEPT` of
+    each file; a file is put back by copying that backup, its bytes, mode and times (:func:`shutil.copy2`),
+    where :func:`restore` writes text root:root 0644; boot files are read and written with
+    ``surrogateescape``, so bytes that are not UTF-8 survive, where :func:`read_text` reads in the locale's
+    encoding; and it removes the directories it created. Only the module's own record (a small JSON file
+    with no backup) goes through :func:`write_text` and is put back with :func:`restore`, as the other
+    modules' files are.
+
+    Paths given to its methods are real paths (under ``root``); backups are named after the host path.
     """
 
-    def __init__(self, module):
+    def __init__(self, module, root="/"):
         self.module = module
+        self.root = root
         self.records = []  # (path, backup path or None when the file did not exist)
         self.saved = []  # (root, host path, text or None): files put back from memory (the module's record)
         self.created_dirs = []
@@ -340,17 +378,59 @@ class Transaction:
     def backups(self):
         return [backup for _path, backup in self.records if backup]
 
+    @property
+    def backed_up(self):
+        """``[(path, backup)]`` of every file backed up, in the order they were."""
+        return [(path, backup) for path, backup in self.records if backup]
+
+    def host_file(self, path):
+        """``path`` as it is on the host (without the root)."""
+        root = os.path.abspath(self.root or "/")
+        path = os.path.abspath(path)
+        if root != "/" and path.startswith(root + os.sep):
+            return path[len(root):]
+        return path
+
     def backup(self, path):
         if any(path == recorded for recorded, _backup in self.records):
             return None
         backup = None
         if os.path.exists(path):
             try:
-                backup = self.module.backup_local(path) or None
-            except Exception as exc:  # backup_local raises a bare Exception
-                raise GpuopsError("could not back up %s, nothing changed: %s" % (path, exc))
+                backup = self._store(path)
+            except (OSError, IOError, shutil.Error) as exc:
+                raise GpuopsError("could not back up %s to %s, nothing changed: %s"
+                                  % (path, host_path(self.root, BACKUP_DIR), exc))
         self.records.append((path, backup))
         return backup
+
+    def _store(self, path):
+        """Copy ``path`` into BACKUP_DIR (a temp file, then a rename) and drop its older backups beyond BACKUPS_KEPT."""
+        directory = host_path(self.root, BACKUP_DIR)
+        self.make_dirs(directory)
+        host_file = self.host_file(path)
+        base = os.path.join(directory, backup_prefix(host_file) + _stamp())
+        dest, count = base, 0
+        while os.path.lexists(dest):
+            count += 1
+            dest = "%s-%d" % (base, count)
+        fd, tmp = tempfile.mkstemp(prefix=".gpuops-", dir=directory)
+        os.close(fd)
+        try:
+            shutil.copy2(path, tmp)
+            os.rename(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        _sync(dest)
+        # The one just made always stays, even when the clock went back and it does not sort last.
+        older = [old for old in list_backups(self.root, host_file) if old != dest]
+        for old in older[:max(len(older) - (BACKUPS_KEPT - 1), 0)]:
+            try:
+                os.unlink(old)
+            except OSError as exc:
+                self.module.warn("could not remove the old backup %s: %s" % (old, exc))
+        return dest
 
     def make_dirs(self, directory):
         """Create ``directory`` and its missing parents (0755), each recorded so that rollback removes it."""

@@ -32,8 +32,12 @@ description:
     writes them (for example on the next kernel update, or with C(kernel-install add)).
   - Reports whether a reboot is needed by comparing the requested state with C(/proc/cmdline). Never
     reboots.
-  - Every boot configuration file is backed up (C(<file>.<pid>.<timestamp>~)) before it changes. When
-    the regeneration command fails, the files are restored from those backups and the failure says so.
+  - Every boot configuration file is backed up before it changes, into C(/var/lib/gpuops/backups), never next
+    to the file (so nothing is left in C(/etc/default/grub.d) or C(/boot)). A backup is named after the file's
+    path with C(%) written C(%25) and C(/) written C(%2F), then its time in UTC, for example
+    C(etc%2Fdefault%2Fgrub.d%2F99-gpuops-sandbox.cfg.20250131T120000.123456Z); the newest 3 of each file are
+    kept, older ones are removed. When a write, the regeneration command or the check afterwards fails, the
+    files are restored from those backups and the failure says so.
   - Arguments not named in O(arguments) are kept, with their text and order unchanged.
   - Keeps a record, C(/var/lib/gpuops/kernel_cmdline.json), of what it replaced, so that O(state=absent)
     can give it back (see O(restore) and the notes).
@@ -241,13 +245,13 @@ backup_file:
   description: The backup of the main file changed (drop-in, C(/etc/default/grub) or C(/etc/kernel/cmdline)).
   returned: when a file that already existed was changed
   type: str
-  sample: /etc/default/grub.d/99-gpuops-sandbox.cfg.4242.2025-01-31@12:00:00~
+  sample: /var/lib/gpuops/backups/etc%2Fdefault%2Fgrub.d%2F99-gpuops-sandbox.cfg.20250131T120000.123456Z
 backup_files:
   description: Every backup made, including boot entries backed up before C(grubby) or C(grub2-mkconfig) ran.
   returned: success
   type: list
   elements: str
-  sample: [/etc/default/grub.4242.2025-01-31@12:00:00~]
+  sample: [/var/lib/gpuops/backups/etc%2Fdefault%2Fgrub.20250131T120000.123456Z]
 msg:
   description: What was done, in words.
   returned: always
@@ -292,9 +296,10 @@ def ensure(module, root="/"):
     file_diffs = [{"before_header": ctx.shown(path), "after_header": ctx.shown(path),
                    "before": before or "", "after": after or ""} for path, before, after in plan.files]
     changed = plan.needs_change or plan.record is not None
-    backups = []
+    backed_up = []
     if changed and not module.check_mode:
-        backups = execute(ctx, plan)
+        backed_up = execute(ctx, plan)
+    backups = [backup for _path, backup in backed_up]
     restored = ctx.restored if plan.needs_change else []
     result = {
         "changed": changed,
@@ -307,7 +312,7 @@ def ensure(module, root="/"):
     }
     main_files = [path for path, _b, _a in plan.files]
     for path in main_files:
-        match = [b for b in backups if b.startswith(path + ".")]
+        match = [backup for backed, backup in backed_up if backed == path]
         if match:
             result["backup_file"] = match[0]
             break

@@ -22,7 +22,6 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ansible.module_utils import basic
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import TIMEOUT_RC
 from ansible_collections.gpuops.sandbox.plugins.modules import kernel_cmdline
@@ -213,6 +212,23 @@ def run(host, check=False, diff=False, **params):
 
 DROPIN = "/etc/default/grub.d/99-gpuops-sandbox.cfg"
 IOMMU = ["intel_iommu=on", "iommu=pt"]
+BACKUPS = "/var/lib/gpuops/backups"
+KEPT = 3  # the backups of each file the module keeps, as documented
+
+
+def backup_prefix(host, path):
+    """The start of the path of every backup of ``path`` on ``host``."""
+    return host.path(BACKUPS) + "/" + path.lstrip("/").replace("/", "%2F") + "."
+
+
+def backups_of(host, path):
+    """The backups of ``path`` left on ``host``, oldest first."""
+    directory = host.path(BACKUPS)
+    if not os.path.isdir(directory):
+        return []
+    prefix = backup_prefix(host, path)
+    return [p for p in sorted(os.path.join(directory, n) for n in os.listdir(directory))
+            if p.startswith(prefix) and "%2F" not in p[len(prefix):]]
 
 
 # --- grub (Debian / Ubuntu) ---------------------------------------------------------------------
@@ -305,7 +321,7 @@ def test_ubuntu_cloudimg_dropin_is_accounted_for(tmp_path):
     # Only one value removed
     result = run(host, arguments=["console=tty1"], state="absent")
     assert result["changed"] is True
-    assert result["backup_file"].startswith(host.path(DROPIN) + ".")
+    assert result["backup_file"].startswith(backup_prefix(host, DROPIN))
     with open(result["backup_file"]) as handle:
         assert "ttyS1" in handle.read()
     cfg = host.grub_cfg()
@@ -320,7 +336,7 @@ def test_absent_by_key_removes_every_value_and_dropin_goes_when_back_to_base(tmp
     result = run(host, arguments=["iommu"], state="absent")
     assert result["changed"] is True
     assert not host.exists(DROPIN)  # back to what /etc/default/grub says: nothing to pin
-    assert result["backup_file"].startswith(host.path(DROPIN))
+    assert result["backup_file"].startswith(backup_prefix(host, DROPIN))
     assert "iommu=pt" not in host.grub_cfg()
 
     result = run(host, arguments=["intel_iommu"], state="absent")
@@ -416,6 +432,58 @@ def test_update_grub_failure_removes_new_dropin(tmp_path):
     assert "removed %s (it did not exist before)" % host.path(DROPIN) in result["msg"]
     assert host.snapshot() == snap
     assert not os.path.isdir(host.path("/etc/default/grub.d"))
+
+
+# --- backups: in the collection's state directory, the newest few of each file (issue 26, item 9) -------------
+
+def test_backup_goes_to_the_state_directory_not_next_to_the_file(tmp_path):
+    host = debian_host(tmp_path)
+    assert run(host, arguments=["iommu=pt"])["changed"] is True
+    before = host.read(DROPIN)
+    result = run(host, arguments=["intel_iommu=on"])
+    assert result["changed"] is True, result
+    # grub-mkconfig reads /etc/default/grub.d: only the drop-in is there, no backup beside it
+    assert os.listdir(host.path("/etc/default/grub.d")) == ["99-gpuops-sandbox.cfg"]
+    assert sorted(os.listdir(host.path("/etc/default"))) == ["grub", "grub.d"]
+    assert backups_of(host, DROPIN) == [result["backup_file"]]
+    assert result["backup_files"] == [result["backup_file"]]
+    with open(result["backup_file"]) as handle:
+        assert handle.read() == before
+
+
+def test_only_the_newest_backups_of_a_file_are_kept(tmp_path):
+    host = debian_host(tmp_path)
+    assert run(host, arguments=["iommu=pt"])["changed"] is True
+    made = []
+    for count in range(1, 6):
+        before = host.read(DROPIN)
+        result = run(host, arguments=["hugepages=%d" % count])
+        assert result["changed"] is True, result
+        made.append((result["backup_file"], before))
+    kept = made[-KEPT:]
+    assert backups_of(host, DROPIN) == [backup for backup, _text in kept]
+    for backup, text in kept:
+        with open(backup) as handle:
+            assert handle.read() == text
+    assert os.listdir(host.path("/etc/default/grub.d")) == ["99-gpuops-sandbox.cfg"]
+
+
+def test_a_failed_update_grub_restores_the_dropin_from_the_state_directory(tmp_path):
+    host = debian_host(tmp_path)
+    for count in range(1, 5):
+        assert run(host, arguments=["hugepages=%d" % count])["changed"] is True
+    good = host.read(DROPIN)
+    good_cfg = host.grub_cfg()
+    host.update_grub(fail=True)
+    result = run(host, arguments=["intel_iommu=on"])
+    assert result["failed"] is True and result["rolled_back"] is True, result
+    backup = result["backup_files"][0]
+    assert backup.startswith(backup_prefix(host, DROPIN))
+    assert "restored %s from %s" % (host.path(DROPIN), backup) in result["msg"]
+    assert host.read(DROPIN) == good and host.grub_cfg() == good_cfg
+    left = backups_of(host, DROPIN)
+    assert len(left) == KEPT and left[-1] == backup
+    assert os.listdir(host.path("/etc/default/grub.d")) == ["99-gpuops-sandbox.cfg"]
 
 
 def test_grub_mkconfig_used_when_update_grub_missing(tmp_path):
@@ -535,7 +603,7 @@ def test_grubby_replaces_conflict_and_syncs_default_grub(tmp_path):
     assert ('GRUB_CMDLINE_LINUX="crashkernel=1G-4G:192M,4G-64G:256M,64G-:512M resume=/dev/mapper/rhel-swap '
             'rd.lvm.lv=rhel/root intel_iommu=on rhgb quiet iommu=pt"') in grub
     assert grub.replace(grub.splitlines()[5], "") == RHEL_GRUB.replace(RHEL_GRUB.splitlines()[5], "")
-    assert result["backup_file"].startswith(host.path("/etc/default/grub") + ".")
+    assert result["backup_file"].startswith(backup_prefix(host, "/etc/default/grub"))
     with open(result["backup_file"]) as handle:
         assert handle.read() == RHEL_GRUB
     assert len(result["backup_files"]) == 4  # /etc/default/grub, 2 entries, grubenv
@@ -568,7 +636,7 @@ def test_grubby_failure_restores_default_grub(tmp_path):
     assert "Rolled back" in result["msg"]
     now = host.snapshot()
     backups = [k for k in now if k not in snap]
-    assert backups and all(k.endswith("~") for k in backups)
+    assert backups and all(k.startswith(BACKUPS.lstrip("/") + "/") for k in backups)
     assert {k: v for k, v in now.items() if k in snap} == snap
 
 
@@ -691,15 +759,16 @@ def test_write_failure_rolls_back_earlier_files(tmp_path):
     host = rhel_host(tmp_path, with_grubby=False)
     snap = host.snapshot()
 
-    def refuse(self, fn):
-        raise Exception("disk full")  # what backup_local raises  # pylint: disable=broad-exception-raised
+    def refuse(src, dest, **_kwargs):
+        raise OSError(28, "No space left on device")
 
-    with mock.patch.object(basic.AnsibleModule, "backup_local", refuse):
+    with mock.patch.object(_persist.shutil, "copy2", refuse):
         result = run(host, arguments=IOMMU)
     assert result["failed"] is True
-    assert "could not back up" in result["msg"] and "disk full" in result["msg"]
+    assert "could not back up" in result["msg"] and "No space left on device" in result["msg"]
     assert host.snapshot() == snap
     assert host.calls() == []
+    assert not os.path.exists(host.path("/var"))  # the backup directory made for it is gone too
 
 
 # --- restore: giving back what the module replaced (issue 17) -----------------------------------
@@ -937,7 +1006,7 @@ def test_update_grub_failure_rolls_the_record_back(tmp_path):
     result = run(host, arguments=LEAVE, state="absent")
     assert result["failed"] is True and result["rolled_back"] is True
     assert "restored %s" % host.path(RECORD) in result["msg"]
-    assert {k: v for k, v in host.snapshot().items() if not k.endswith("~")} == snap
+    assert {k: v for k, v in host.snapshot().items() if not k.startswith(BACKUPS.lstrip("/") + "/")} == snap
 
 
 def test_failure_on_a_fresh_host_leaves_no_record_or_directory(tmp_path):
