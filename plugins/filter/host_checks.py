@@ -26,6 +26,9 @@ description:
   - Takes the facts of M(gpuops.sandbox.gpu_facts) (C(gpu_facts_gpus), C(gpu_facts_iommu), C(gpu_facts_host)) and what the
     host was prepared for, and returns the checks of the role R(gpuops.sandbox.host_verify,
     ansible_collections.gpuops.sandbox.host_verify_role), each a dict with C(check) (its name), C(ok) and C(detail).
+  - Every type, at both stages - C(GPUs matching the selectors) (at least one GPU; none passes only with
+    O(gpus_optional)). No GPU hides a wrong selector or a dead GPU, so the detail names the workload type, the
+    O(selectors) and what to do.
   - VM node types (those of P(gpuops.sandbox.workload_types#filter) V(iommu)), when no reboot is pending - C(kernel
     command line) (C(intel_iommu=on) on Intel, C(iommu=pt) when O(iommu_pt)) and C(IOMMU groups).
   - C(container), when no reboot is pending - C(no IOMMU arguments of a VM node).
@@ -120,6 +123,18 @@ options:
     description:
       - The registered result of M(gpuops.sandbox.dra_blockers) (check mode, C(fail_on_blocker=false)) on a C(dra)
         node. Empty or skipped adds no check; a failed run fails the check with its message.
+    type: dict
+    default: {}
+  gpus_optional:
+    description:
+      - The host may have no GPU (the inventory's C(gpuops_gpus_optional)); C(GPUs matching the selectors) then
+        passes with none.
+    type: bool
+    default: false
+  selectors:
+    description:
+      - The GPU selectors the facts were gathered with - C(vendors), C(devices) and C(classes), each a list of IDs
+        (a missing key counts as empty). Only named in the detail of C(GPUs matching the selectors).
     type: dict
     default: {}
 """
@@ -303,6 +318,40 @@ def _check(name, ok, detail):
     return {"check": name, "ok": bool(ok), "detail": detail}
 
 
+GPUS_CHECK = "GPUs matching the selectors"
+SELECTOR_KEYS = ("vendors", "devices", "classes")
+
+
+def _selectors(value):
+    """The selectors named for a detail: "the GPU selectors (vendors 10de, classes 030000,030200)"."""
+    selectors = _mapping("selectors", {} if value is None else value)
+    named = []
+    for key in SELECTOR_KEYS:
+        ids = selectors.get(key)
+        if ids is None:
+            continue
+        if isinstance(ids, str) or not isinstance(ids, (list, tuple)):
+            _fail("selectors.%s must be a list of IDs, got %r", key, ids)
+        if ids:
+            named.append("%s %s" % (key, ",".join(str(i) for i in ids)))
+    return "the GPU selectors" + (" (%s)" % ", ".join(named) if named else "")
+
+
+def _gpus_check(gpus, workload_type, selectors, optional):
+    """At least one GPU: none hides a wrong selector or a dead GPU, unless the inventory says the host may have none."""
+    if len(gpus) == 1:
+        return _check(GPUS_CHECK, True, "1 GPU matches %s" % selectors)
+    if gpus:
+        return _check(GPUS_CHECK, True, "%d GPUs match %s" % (len(gpus), selectors))
+    if optional:
+        return _check(GPUS_CHECK, True, "no GPU found: no PCI function matches %s; allowed by the inventory "
+                      "(gpuops_gpus_optional)" % selectors)
+    return _check(GPUS_CHECK, False,
+                  "no GPU found: no PCI function of this %s node matches %s. Either a selector is wrong or the GPU is "
+                  "dead or missing: fix the selectors (gpuops_gpu_vendor_ids, gpuops_gpu_device_ids, gpuops_gpu_class_ids), "
+                  "or set gpuops_gpus_optional: true if the node may have no GPU" % (workload_type, selectors))
+
+
 def _unique(values):
     result = []
     for value in values:
@@ -439,7 +488,7 @@ def _dra_blocker_checks(result):
 
 def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="final", reboot_pending=False,
                 iommu_pt=True, vfio_binding="host", vgpu_devices="host", expected=None, reads=None,
-                dra_blockers=None):
+                dra_blockers=None, gpus_optional=False, selectors=None):
     gpus = _plain(_gpus(gpus))
     iommu = _plain(_mapping("iommu (gpu_facts_iommu of gpu_facts)", iommu))
     host = _plain(_mapping("host (gpu_facts_host of gpu_facts)", host))
@@ -451,11 +500,13 @@ def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="fin
     vfio_binding = _choice("vfio_binding", vfio_binding, MODES)
     vgpu_devices = _choice("vgpu_devices", vgpu_devices, MODES)
     expected = _expected(expected)
+    gpus_optional = _flag("gpus_optional", gpus_optional)
+    selectors = _selectors(_plain(selectors))
     managed = _mapping("host.managed_files", host.get("managed_files") or {})
     seen = _functions(gpus, _plain(reads or []))
     drivers = dict((str(g["address"]), g["driver"]) for g in gpus)
 
-    checks = []
+    checks = [_gpus_check(gpus, workload_type, selectors, gpus_optional)]
     if not pending:
         checks.extend(_boot_checks(iommu, workload_type in IOMMU_WORKLOAD_TYPES, cpu_vendor, iommu_pt, workload_type))
     # kernel_modules and kernel_cmdline keep a pending record while the initramfs or grub.cfg is generated from

@@ -9,6 +9,9 @@ from __future__ import annotations
 import textwrap
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
+
+from ansible_collections.gpuops.sandbox.plugins.filter.host_checks import GPUS_CHECK
 
 DOCUMENTATION = r"""
 ---
@@ -18,10 +21,13 @@ version_added: 0.4.0
 description:
   - Takes the C(host_verify_report) facts of the GPU nodes (see the role R(gpuops.sandbox.host_verify,
     ansible_collections.gpuops.sandbox.host_verify_role)) and the names of all GPU nodes, and returns one
-    string, with a header line and one row per node (HOST, TYPE, READY, VFIO, MDEVS, DETAIL). VFIO is the
-    verdict of M(gpuops.sandbox.vfio_probe) on the devices the node hands to VMs (C(yes), C(busy) when a VM uses
-    some, C(NO), or C(-) when nothing was probed); the IOMMU group count is in the document. The detail (the
+    string (or with O(lines) the list of its lines), with a header line and one row per node (HOST, TYPE, READY,
+    VFIO, MDEVS, DETAIL). VFIO is the verdict of M(gpuops.sandbox.vfio_probe) on the devices the node hands to VMs
+    (C(yes), C(busy) when a VM uses some, C(NO), or C(-) when nothing was probed); the IOMMU group count is in the
+    document. The detail (the
     failed checks, or the GPUs and their drivers) wraps inside its own column, so no line is wider than O(width).
+    A node without a GPU that its inventory allows (C(gpuops_gpus_optional)) reads C(no GPU found, allowed by the
+    inventory); without that, its check C(GPUs matching the selectors) fails.
   - A node without a report (unreachable, or failed before the check) gets a row saying so.
   - P(gpuops.sandbox.readiness_document#filter) returns the same data as a dict for a JSON file.
 author:
@@ -38,25 +44,36 @@ options:
     elements: str
     required: true
   width:
-    description: The widest a line may be (at least 72, which with the 8 columns the default callback indents a message by fits an 80-column terminal).
+    description:
+      - The widest a line may be (at least 67). Within an 80-column terminal, 72 fits the string under the yaml result
+        format (a block indented by 8 columns), and 69 the lines under the json one (8 columns, the quotes and a comma).
     type: int
     default: 100
+  lines:
+    description:
+      - Return the list of the lines instead of one string. M(ansible.builtin.debug) prints a list one line an item
+        under every result format, where the json one (Ansible's default, and AWX's) prints a string's newlines as
+        C(\n) on a single line.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
 - name: Show the readiness table
   ansible.builtin.debug:
-    msg: "{{ reports | gpuops.sandbox.readiness_table(groups['gpu_nodes']) }}"
+    msg: "{{ reports | gpuops.sandbox.readiness_table(groups['gpu_nodes'], lines=true) }}"
 """
 
 RETURN = r"""
 _value:
-  description: The table, lines separated by newlines.
-  type: str
+  description: The table, lines separated by newlines; with O(lines), the list of its lines.
+  type: raw
 """
 
 # Column names and the widest each may get (a longer host name is cut, and marked with ~).
 COLUMNS = (("HOST", 32), ("TYPE", 14), ("READY", 6), ("VFIO", 4), ("MDEVS", 5))
+# The narrowest table: a 12-column host, the other columns at their widest, a 16-column detail, 2 spaces between.
+MIN_WIDTH = 12 + sum(cap for name, cap in COLUMNS[1:]) + 2 * len(COLUMNS) + 16
 
 
 def _ready(report):
@@ -78,7 +95,11 @@ def _detail(report):
     if report.get("reboot_pending"):
         return "reboot pending"
     # PCI domain 0000 left out: "65:00.0=nvidia" reads as well and keeps a narrow column to one GPU per line.
-    return " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or []) or "no GPU found"
+    gpus = " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or [])
+    if gpus:
+        return gpus
+    allowed = any(c.get("check") == GPUS_CHECK and c.get("ok") for c in report.get("checks") or [])
+    return "no GPU found, allowed by the inventory" if allowed else "no GPU found"
 
 
 def _rows(reports, hosts):
@@ -98,8 +119,12 @@ def _rows(reports, hosts):
     return rows
 
 
-def readiness_table(reports, hosts, width=100):
-    width = max(int(width), 72)
+def readiness_table(reports, hosts, width=100, lines=False):
+    width = max(int(width), MIN_WIDTH)
+    try:
+        as_lines = boolean(lines, strict=True)
+    except TypeError:
+        raise AnsibleFilterError("readiness_table: lines must be a boolean, got %r" % (lines,))
     rows = _rows(reports, hosts)
     sizes = [max([len(name)] + [len(row[i]) for row in rows]) for i, (name, dummy) in enumerate(COLUMNS)]
     sizes = [min(size, cap) for size, (dummy, cap) in zip(sizes, COLUMNS)]
@@ -107,15 +132,16 @@ def readiness_table(reports, hosts, width=100):
     sizes[0] = max(min(sizes[0], width - fixed - 16), 12)  # the host column gives way to a readable DETAIL
     left = sizes[0] + fixed
     detail_width = max(width - left, 16)
-    lines = ["  ".join(name.ljust(size) for (name, dummy), size in zip(COLUMNS, sizes)) + "  DETAIL"]
+    table = ["  ".join(name.ljust(size) for (name, dummy), size in zip(COLUMNS, sizes)) + "  DETAIL"]
     for row in rows:
         cells = [cell if len(cell) <= size else cell[:size - 1] + "~" for cell, size in zip(row[:-1], sizes)]
         wrapped = textwrap.wrap(row[-1], detail_width, break_on_hyphens=False, break_long_words=False) or [""]
-        lines.append("  ".join(cell.ljust(size) for cell, size in zip(cells, sizes)) + "  " + wrapped[0])
-        lines.extend(" " * left + more for more in wrapped[1:])
+        table.append("  ".join(cell.ljust(size) for cell, size in zip(cells, sizes)) + "  " + wrapped[0])
+        table.extend(" " * left + more for more in wrapped[1:])
     ready = sum(1 for row in rows if row[2] == "yes")
-    lines.append("%d of %d GPU nodes ready" % (ready, len(rows)))
-    return "\n".join(line.rstrip() for line in lines)
+    table.append("%d of %d GPU nodes ready" % (ready, len(rows)))
+    table = [line.rstrip() for line in table]
+    return table if as_lines else "\n".join(table)
 
 
 class FilterModule:

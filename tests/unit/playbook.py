@@ -9,9 +9,9 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 
 def ansible_playbook(*args, timeout=300, env=None):
-    """``ansible-playbook args...`` with ``env`` added to the environment; return (exit code, stdout and stderr
-    together)."""
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1", **dict(env or {}))
+    """``ansible-playbook args...`` with ``env`` added to the environment (it may name another ANSIBLE_CONFIG); return
+    (exit code, stdout and stderr together)."""
+    env = dict(dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1"), **dict(env or {}))
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     proc = subprocess.run(["ansible-playbook"] + [str(a) for a in args], cwd=TOP, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False, timeout=timeout)

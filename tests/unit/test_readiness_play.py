@@ -34,3 +34,42 @@ def test_the_play_prints_a_table_and_writes_the_json(tmp_path):
     doc = json.loads(out_file.read_text())
     assert doc["nodes"][0] == dict(report, checked=True) and doc["nodes"][1]["checked"] is False
     assert (doc["ready"], doc["total"], doc["all_ready"]) == (1, 2, False)
+
+
+def test_the_table_reads_as_a_table_under_the_default_settings(tmp_path):
+    """Ansible's defaults (the json result format, as in AWX) print a string's newlines as \\n on one line: the
+    table must still print a row to a line, within 80 columns."""
+    failed = {"host": "gpu-b", "workload_type": "container", "ready": False, "reboot_pending": False, "iommu_groups": 0,
+              "mdevs": 0, "gpus": [], "checks": [{"check": "GPUs matching the selectors", "ok": False, "detail": "no GPU found"},
+                                                 {"check": "no vfio-pci binding left", "ok": False, "detail": "vfio-pci"}]}
+    ready = {"host": "gpu-a", "workload_type": "vm-passthrough", "ready": True, "reboot_pending": False,
+             "iommu_groups": 12, "mdevs": 0, "vfio_probe": {"verdict": "yes", "probed": 1}, "gpus": ["0000:65:00.0=vfio-pci"],
+             "checks": []}
+    inventory = {"gpu_nodes": {"hosts": {"gpu-a": {"host_verify_report": ready}, "gpu-b": {"host_verify_report": failed},
+                                         "gpu-c": {}}}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{
+        "name": "readiness", "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"name": "Report", "ansible.builtin.import_tasks": os.path.join(TOP, "playbooks", "tasks", "readiness.yml")}]}]))
+    # An empty ansible.cfg: every setting Ansible's default, but where the checkout's collection is found.
+    (tmp_path / "ansible.cfg").write_text("[defaults]\n")
+    rc, out = ansible_playbook("-i", tmp_path / "hosts.yml", tmp_path / "play.yml", "-e", "gpuops_readiness_file=",
+                               env={"ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg"),
+                                    "ANSIBLE_COLLECTIONS_PATH": os.path.join(TOP, ".build", "collections"),
+                                    "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
+                                    "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"})
+    assert rc == 0, out[-3000:]
+    task = out[out.index("TASK [Show the readiness table]"):]
+    task = task[:task.index("\nTASK [")]
+    assert "\\n" not in task, task
+    printed = task.split("\n")
+    # One JSON string a line: "HOST ...", each row, the continuation of a wrapped detail, the count.
+    lines = [json.loads(line.strip().rstrip(",")) for line in printed if line.strip().startswith('"') and '"msg"' not in line]
+    assert lines[0].split() == ["HOST", "TYPE", "READY", "VFIO", "MDEVS", "DETAIL"], task
+    rows = dict((line.split()[0], line.split()) for line in lines[1:-1] if not line.startswith(" "))
+    assert rows["gpu-a"] == ["gpu-a", "vm-passthrough", "yes", "yes", "0", "65:00.0=vfio-pci"], task
+    assert rows["gpu-b"][:7] == ["gpu-b", "container", "NO", "-", "0", "failed:", "GPUs"], task
+    assert rows["gpu-c"][:3] == ["gpu-c", "?", "NO"], task
+    assert lines[-1] == "1 of 3 GPU nodes ready"
+    assert "".join(lines).count("GPU nodes ready") == 1
+    assert max(len(line) for line in printed) <= 80, task

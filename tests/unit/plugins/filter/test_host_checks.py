@@ -17,7 +17,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.sandbox.plugins.filter.host_checks import FilterModule, host_checks
+from ansible_collections.gpuops.sandbox.plugins.filter.host_checks import GPUS_CHECK, FilterModule, host_checks
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
 from ansible_collections.gpuops.sandbox.tests.unit.playbook import ansible_playbook
 from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
@@ -103,17 +103,17 @@ def test_a_prepared_host_passes_every_check(workload_type, stage):
 
 def test_the_checks_of_each_type():
     generated = "initramfs and boot loader generated"
-    assert list(run(PASSTHROUGH)) == ["kernel command line", "IOMMU groups", generated, "no vGPU devices or VF records left",
-                                      "GPUs on vfio-pci", "vfio boot settings"]
-    assert list(run(CONTAINER)) == ["no IOMMU arguments of a VM node", generated, "no vfio-pci binding left",
+    assert list(run(PASSTHROUGH)) == [GPUS_CHECK, "kernel command line", "IOMMU groups", generated,
+                                      "no vGPU devices or VF records left", "GPUs on vfio-pci", "vfio boot settings"]
+    assert list(run(CONTAINER)) == [GPUS_CHECK, "no IOMMU arguments of a VM node", generated, "no vfio-pci binding left",
                                     "no vfio driver_override left", "0000:65:00.0 back on nvidia",
                                     "0000:65:00.1 back on snd_hda_intel", "no vGPU devices or VF records left"]
-    assert list(run(VGPU)) == ["kernel command line", "IOMMU groups", generated, "no vfio-pci binding left",
+    assert list(run(VGPU)) == [GPUS_CHECK, "kernel command line", "IOMMU groups", generated, "no vfio-pci binding left",
                                "no vfio driver_override left", "vGPU devices", "SR-IOV VFs of 0000:b1:00.0"]
-    assert list(run(DRA)) == ["kernel command line", "IOMMU groups", generated, "no vfio-pci binding left",
+    assert list(run(DRA)) == [GPUS_CHECK, "kernel command line", "IOMMU groups", generated, "no vfio-pci binding left",
                               "no vGPU devices or VF records left"]
     assert list(run(PASSTHROUGH, stage="after-reboot")) == [
-        "kernel command line", "IOMMU groups", generated, "no vGPU devices or VF records left",
+        GPUS_CHECK, "kernel command line", "IOMMU groups", generated, "no vGPU devices or VF records left",
         "0000:65:00.0 back on vfio-pci after the reboot"]
 
 
@@ -131,6 +131,49 @@ def test_a_run_cut_short_while_generating_fails_every_type(workload_type, stage)
 
 def test_the_filter_is_registered():
     assert FilterModule().filters() == {"host_checks": host_checks}
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs matching the selectors
+# ---------------------------------------------------------------------------------------------
+
+SELECTORS = {"vendors": ["10de"], "devices": ["2236", "20b5"], "classes": ["030000", "030200"]}
+NAMED = "the GPU selectors (vendors 10de, devices 2236,20b5, classes 030000,030200)"
+
+
+@pytest.mark.parametrize("workload_type", sorted(HOSTS))
+@pytest.mark.parametrize("stage", ["after-reboot", "final"])
+@pytest.mark.parametrize("pending", [False, True])
+def test_no_gpu_fails_every_type_naming_the_selectors(workload_type, stage, pending):
+    """No GPU hides a wrong selector or a dead GPU: the host is not ready, and the detail says what to do."""
+    checks = run(HOSTS[workload_type], gpus=[], selectors=SELECTORS, stage=stage, reboot_pending=pending)
+    assert GPUS_CHECK in failed(checks)
+    detail = checks[GPUS_CHECK]["detail"]
+    assert detail.startswith("no GPU found: no PCI function of this %s node matches %s. " % (workload_type, NAMED)), detail
+    for remedy in ("gpuops_gpu_vendor_ids", "gpuops_gpu_device_ids", "gpuops_gpu_class_ids", "gpuops_gpus_optional: true"):
+        assert remedy in detail
+
+
+def test_no_gpu_is_ready_when_the_inventory_allows_it():
+    container = dict(CONTAINER, gpus=[], expected={})
+    assert failed(run(container, selectors=SELECTORS)) == [GPUS_CHECK]
+    checks = run(container, selectors=SELECTORS, gpus_optional=True)
+    assert failed(checks) == []
+    assert checks[GPUS_CHECK] == {"check": GPUS_CHECK, "ok": True, "detail": "no GPU found: no PCI function matches %s; "
+                                  "allowed by the inventory (gpuops_gpus_optional)" % NAMED}
+    assert run(container, gpus_optional="yes")[GPUS_CHECK]["ok"] is True  # a boolean as the inventory may write it
+    # The VM types still need their GPUs for their own checks.
+    assert failed(run(PASSTHROUGH, gpus=[], gpus_optional=True)) == ["GPUs on vfio-pci"]
+
+
+def test_gpus_found_pass_whatever_the_flag():
+    for optional in (False, True):
+        assert run(PASSTHROUGH, selectors=SELECTORS, gpus_optional=optional)[GPUS_CHECK] == {
+            "check": GPUS_CHECK, "ok": True, "detail": "1 GPU matches " + NAMED}
+    two = [gpu(), gpu(GPU_B, members=[member(GPU_B, "nvidia")])]
+    assert run(CONTAINER, gpus=two, selectors={"vendors": ["10de"], "devices": []})[GPUS_CHECK]["detail"] == (
+        "2 GPUs match the GPU selectors (vendors 10de)")
+    assert run(CONTAINER)[GPUS_CHECK]["detail"] == "1 GPU matches the GPU selectors"  # none given
 
 
 # ---------------------------------------------------------------------------------------------
@@ -583,6 +626,9 @@ def test_expected_keys_default_to_empty():
     ({"reads": {"results": []}}, "reads must be the results (a list of dicts) of ansible.builtin.slurp"),
     ({"reads": [{"item": AUDIO, "content": ""}]}, "reads: each result needs item [address, attribute]"),
     ({"reads": [{"item": [AUDIO, "uevent"], "content": "not base64!"}]}, "is not base64"),
+    ({"gpus_optional": "maybe"}, "gpus_optional must be a boolean, got 'maybe'"),
+    ({"selectors": ["10de"]}, "selectors must be a dict"),
+    ({"selectors": {"vendors": "10de"}}, "selectors.vendors must be a list of IDs, got '10de'"),
 ])
 def test_bad_input_is_an_error_naming_it(changes, message):
     with pytest.raises(AnsibleFilterError, match="^host_checks: ") as info:
@@ -602,10 +648,12 @@ def test_bad_vf_count_is_an_error():
 ABSENT = "ffff:ff:1f.7"  # no host has PCI domain ffff: the role's read of it fails, and the check says it is missing
 
 
-def role_play(tmp_path, hosts, fail):
-    """Run host_verify on local hosts, each with the facts of ``hosts`` set by set_fact; return (rc, output, reports)."""
+def role_play(tmp_path, hosts, fail, host_vars=None):
+    """Run host_verify on local hosts, each with the facts of ``hosts`` set by set_fact and the inventory variables
+    of ``host_vars`` (by host); return (rc, output, reports)."""
     inventory = {"gpu_nodes": {"hosts": dict(
-        (name, {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "fake": fake})
+        (name, dict({"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "fake": fake},
+                    **(host_vars or {}).get(name, {})))
         for name, fake in hosts.items())}}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(yaml.safe_dump([{
@@ -649,7 +697,7 @@ def test_the_role_reports_the_checks_and_fails_a_stranded_host(tmp_path):
         "clean", "container", "final", True, False)
     assert clean["gpus"] == ["0000:65:00.0=nvidia"]
     assert clean["checks"] == host_checks(CONTAINER["gpus"], CONTAINER["iommu"], CONTAINER["host"], "container",
-                                          expected=CONTAINER["expected"])
+                                          expected=CONTAINER["expected"], selectors=DEFAULT_SELECTORS)
     assert reports["stranded"]["ready"] is False
     assert failed(dict((c["check"], c) for c in reports["stranded"]["checks"])) == [
         "0000:65:00.1 back on snd_hda_intel", "no vfio driver_override left"]
@@ -667,3 +715,31 @@ def test_the_role_reports_the_checks_and_fails_a_stranded_host(tmp_path):
     assert rc != 0
     assert "stranded (container, final) is not as prepared: " + STRANDED + "; " in out, out[-5000:]
     assert sorted(reports) == ["clean"]
+
+
+DEFAULT_SELECTORS = {"vendors": ["10de"], "devices": [], "classes": ["030000", "030200"]}
+
+
+def test_the_role_fails_a_node_without_a_gpu_unless_its_inventory_allows_it(tmp_path):
+    none = fake(CONTAINER, gpus=[], expected={})
+    hosts = {"empty": none, "allowed": none, "dra-empty": fake(DRA, gpus=[])}
+    host_vars = {"allowed": {"gpuops_gpus_optional": True},
+                 "dra-empty": {"gpuops_gpu_vendor_ids": ["1234"], "gpuops_gpu_device_ids": ["11e8"],
+                               "gpuops_gpu_class_ids": ["00ff00"]}}
+    rc, out, reports = role_play(tmp_path, hosts, fail=False, host_vars=host_vars)
+    assert rc == 0, out[-5000:]
+    assert reports["empty"]["ready"] is False and reports["empty"]["gpus"] == []
+    assert reports["allowed"]["ready"] is True
+    assert reports["dra-empty"]["ready"] is False
+    detail = dict((c["check"], c) for c in reports["dra-empty"]["checks"])[GPUS_CHECK]["detail"]
+    assert "this dra node matches the GPU selectors (vendors 1234, devices 11e8, classes 00ff00)" in detail, detail
+
+    # host_verify_fail: the message names the node, its type and the selectors, and what to do.
+    (tmp_path / "fail").mkdir()
+    rc, out, reports = role_play(tmp_path / "fail", hosts, fail=True, host_vars=host_vars)
+    assert rc != 0
+    assert sorted(reports) == ["allowed"], out[-5000:]
+    flat = " ".join(out.split())
+    assert ("empty (container, final) is not as prepared: no GPU found: no PCI function of this container node matches "
+            "the GPU selectors (vendors 10de, classes 030000,030200).") in flat, out[-5000:]
+    assert "or set gpuops_gpus_optional: true if the node may have no GPU" in flat

@@ -12,6 +12,7 @@ import json
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.gpuops.sandbox.plugins.filter.host_checks import host_checks
 from ansible_collections.gpuops.sandbox.plugins.filter.readiness_document import readiness_document
 from ansible_collections.gpuops.sandbox.plugins.filter.readiness_table import readiness_table
 
@@ -25,7 +26,7 @@ PENDING = dict(READY, host="gpu-c", workload_type="vm-vgpu", ready=False, reboot
                vfio_probe={"verdict": "busy", "probed": 2})
 
 
-@pytest.mark.parametrize("width", [72, 100, 160])
+@pytest.mark.parametrize("width", [67, 69, 72, 100, 160])
 def test_no_line_is_wider_than_asked_and_rows_do_not_wrap_mid_row(width):
     table = readiness_table([READY, FAILED, PENDING], ["gpu-a", FAILED["host"], "gpu-c", "gpu-d"], width=width)
     lines = table.split("\n")
@@ -63,7 +64,40 @@ def test_the_document_has_every_node():
     assert readiness_document([READY], ["gpu-a"])["all_ready"] is True
 
 
-@pytest.mark.parametrize("reports, hosts", [("x", []), ([1], []), ([READY], "gpu-a")])
-def test_bad_input_is_named(reports, hosts):
-    with pytest.raises(AnsibleFilterError):
-        readiness_table(reports, hosts)
+@pytest.mark.parametrize("width", [0, 67, 69, 100])
+def test_the_lines_are_those_of_the_string(width):
+    table = readiness_table([READY, FAILED, PENDING], ["gpu-a", FAILED["host"], "gpu-c", "gpu-d"], width=width)
+    lines = readiness_table([READY, FAILED, PENDING], ["gpu-a", FAILED["host"], "gpu-c", "gpu-d"], width=width, lines=True)
+    assert isinstance(lines, list) and lines == table.split("\n")
+    assert max(len(line) for line in lines) <= max(width, 67)  # 67 at the narrowest
+    assert readiness_table([READY], ["gpu-a"], lines="yes") == readiness_table([READY], ["gpu-a"]).split("\n")
+
+
+def no_gpu(host, optional):
+    """The report host_verify makes of a container node without a GPU."""
+    checks = host_checks([], {"enabled": False, "group_count": 0, "cmdline": "ro", "cmdline_flags": {}}, {}, "container",
+                         gpus_optional=optional, selectors={"vendors": ["10de"], "classes": ["030000"]})
+    return {"host": host, "workload_type": "container", "ready": all(c["ok"] for c in checks), "reboot_pending": False,
+            "iommu_groups": 0, "mdevs": 0, "gpus": [], "vfio_probe": {"verdict": "-"}, "checks": checks}
+
+
+def test_a_node_without_a_gpu_is_not_ready_unless_its_inventory_allows_it():
+    reports = [no_gpu("gpu-none", False), no_gpu("gpu-allowed", True), dict(READY, host="gpu-old", gpus=[])]
+    table = readiness_table(reports, ["gpu-none", "gpu-allowed", "gpu-old"], width=200)
+    rows = {line.split()[0]: line for line in table.split("\n")[1:-1]}
+    assert rows["gpu-none"].split()[1:3] == ["container", "NO"] and "failed: GPUs matching the selectors" in rows["gpu-none"]
+    assert rows["gpu-allowed"].split()[1:3] == ["container", "yes"]
+    assert rows["gpu-allowed"].endswith("  no GPU found, allowed by the inventory"), table
+    # A report without the check (an older one) says only what it found.
+    assert rows["gpu-old"].endswith("  no GPU found"), table
+    doc = readiness_document(reports[:2], ["gpu-none", "gpu-allowed"])
+    assert (doc["ready"], doc["all_ready"]) == (1, False)
+    detail = doc["nodes"][0]["checks"][0]["detail"]
+    assert "the GPU selectors (vendors 10de, classes 030000)" in detail and "gpuops_gpus_optional: true" in detail
+
+
+@pytest.mark.parametrize("reports, hosts, lines", [("x", [], False), ([1], [], False), ([READY], "gpu-a", False),
+                                                   ([READY], ["gpu-a"], "maybe")])
+def test_bad_input_is_named(reports, hosts, lines):
+    with pytest.raises(AnsibleFilterError, match="readiness_table"):
+        readiness_table(reports, hosts, lines=lines)
