@@ -52,7 +52,7 @@ from labconfig import (BOOT_TIMEOUT, CACHE, INVENTORY_CONNECTION, INVENTORY_DIR,
                        lab_host_settings, lab_hosts, locked, log, manifest_path, need_tools, select_hosts, tail_text)
 from labhost import Vm, choose_accel, keep_priority, stand_in_devices  # noqa: E402
 from labimage import ensure_image, image_manifest, image_problem  # noqa: E402
-from labnet import ssh_cmd, ssh_key, wait_ssh, write_inventory  # noqa: E402
+from labnet import ANSWER_TIMEOUT, NoAnswer, ssh_cmd, ssh_key, wait_ssh, write_inventory  # noqa: E402
 from labreboot import follow_reboots  # noqa: E402
 
 # What this module offers besides its commands: the names the unit tests and other callers read from it.
@@ -115,16 +115,31 @@ def cmd_start(args):
 
     def waiter(vm, port, t0):
         try:
-            if t0 is None:
-                wait_ssh(vm, port, args.timeout)
-            else:
-                with Progress(LAB, vm.name + ": booting", status=lambda: tail_text(vm.serial, 1), say_done=False):
-                    wait_ssh(vm, port, args.timeout)
+            what = vm.name + (": booting" if t0 is not None else ": already running; waiting for SSH to answer")
+            with Progress(LAB, what, status=lambda: tail_text(vm.serial, 1), say_done=False):
+                try:
+                    wait_ssh(vm, port, args.timeout, answer_timeout=ANSWER_TIMEOUT)
+                except NoAnswer as exc:
+                    restart_once(vm, exc)
+                    try:
+                        wait_ssh(vm, port, args.timeout, answer_timeout=ANSWER_TIMEOUT)
+                    except NoAnswer as again:
+                        raise LabError("%s, after a cold restart too; what the guest says on its rescue port:\n%s"
+                                       % (again, vm.rescue_report()))
             if t0 is not None:  # None: it was already running (maybe still booting for another command)
                 vm.save_meta(boot_to_ssh=round(time.time() - t0, 1))
                 log("%s: ssh up after %.0fs" % (vm.name, time.time() - t0))
         except LabError as exc:
             errors.append(str(exc))
+
+    def restart_once(vm, exc):
+        """A guest that booted and does not answer: its report kept, then one cold start on the same port."""
+        report = vm.rescue_report()
+        log("%s; what the guest says on its rescue port (kept in %s):\n%s\n%s: restarting it once (a cold start, "
+            "same port)" % (exc, vm.rescue_log, "\n".join("  " + line for line in report.splitlines()[:60]), vm.name))
+        with locked(os.path.join(STATE, "lab.lock")):
+            vm.kill()
+            vm.launch(manifest, accel, pub, rebooting=True)
 
     threads = [threading.Thread(target=waiter, args=item) for item in booting]
     for thread in threads:

@@ -112,6 +112,8 @@ class Vm:
         self.pidfile = os.path.join(self.dir, "qemu.pid")
         self.qmp = os.path.join(self.dir, "qmp.sock")
         self.serial = os.path.join(self.dir, "console.log")
+        self.rescue = os.path.join(self.dir, "rescue.sock")
+        self.rescue_log = os.path.join(self.dir, "rescue.log")
         self.events = os.path.join(self.dir, "events.sock")
         self.follow_log = os.path.join(self.dir, "reboots.log")
         self.meta_path = os.path.join(self.dir, "vm.json")
@@ -212,7 +214,7 @@ class Vm:
                 port = None
             if not port or attempt:
                 port = free_ports(1)[0]
-            for path in (self.pidfile, self.qmp, self.events):
+            for path in (self.pidfile, self.qmp, self.events, self.rescue):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             # Keep the previous console log for post-mortems.
@@ -220,13 +222,19 @@ class Vm:
                 os.replace(self.serial, self.serial + ".previous")
             settings = lab_host_settings(self.name)
             iommu = settings.get("gpulab_iommu", True) is not False
+            # gpulab_network: false leaves the NIC out (a host that boots and never answers: the lab's test of
+            # its own recovery).
+            nic = [] if settings.get("gpulab_network", True) is False else [
+                "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port,
+                "-device", "virtio-net-pci,netdev=net0,addr=07.0"]
             cmd = qemu_base_cmd(self.name, accel, iommu=iommu) + [
                 "-drive", "file=%s,if=none,id=disk0,format=qcow2" % self.disk,
                 "-device", "virtio-blk-pci,drive=disk0,addr=06.0",
-                "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port,
-                "-device", "virtio-net-pci,netdev=net0,addr=07.0",
+            ] + nic + [
                 "-fw_cfg", "name=opt/gpuops/authorized_keys,file=%s" % pubkey_file,
                 "-chardev", "file,id=console,path=%s,append=on" % self.serial, "-serial", "chardev:console",
+                # The rescue port (ttyS1): the guest's report when SSH does not answer (rescue_report).
+                "-chardev", "socket,id=rescue,path=%s,server=on,wait=off" % self.rescue, "-serial", "chardev:rescue",
                 "-qmp", "unix:%s,server=on,wait=off" % self.qmp,
                 # A guest's reboot ends this QEMU; follow_reboots starts the host again (see there why).
                 "-qmp", "unix:%s,server=on,wait=off" % self.events, "-action", "reboot=shutdown",
@@ -263,9 +271,42 @@ class Vm:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid(), signal.SIGKILL)
                 time.sleep(1)
-        for path in (self.pidfile, self.qmp, self.events):
+        for path in (self.pidfile, self.qmp, self.events, self.rescue):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+    def rescue_report(self, timeout=90):
+        """What the guest says about itself on its rescue port (services, network, journal), read without SSH;
+        kept in .lab/<host>/rescue.log. A note instead when the port does not answer within `timeout`."""
+        chunks = []
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(self.rescue)
+                sock.sendall(b"report\n")
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    sock.settimeout(max(1.0, deadline - time.monotonic()))
+                    try:
+                        data = sock.recv(65536)
+                    except socket.timeout:
+                        break
+                    if not data:
+                        break
+                    chunks.append(data)
+                    if b"=== end" in b"".join(chunks[-2:]):
+                        break
+        except OSError as exc:
+            return "(no rescue report: the rescue port %s cannot be reached: %s)" % (self.rescue, exc)
+        text = b"".join(chunks).decode("utf-8", "replace").replace("\r", "")
+        start = text.find("=== gpulab-rescue")
+        if start < 0:
+            return "(no rescue report: the guest did not answer on its rescue port within %ds%s)" % (
+                timeout, "; it sent: " + text.strip()[-300:] if text.strip() else "")
+        report = text[start:]
+        with open(self.rescue_log, "a", encoding="utf-8") as handle:
+            handle.write(report + "\n")
+        return report
 
     # -- reboots -------------------------------------------------------------------------------
     def follow(self):

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import time
 
-from labconfig import (INVENTORY_CONNECTION, INVENTORY_DIR, SSH_USER, STATE, LabError, need_tools, run,
+from labconfig import (INVENTORY_CONNECTION, INVENTORY_DIR, SSH_USER, STATE, LabError, need_tools, read_text, run,
                        tail_text)
 from labhost import Vm
 
@@ -31,28 +32,62 @@ def ssh_key():
 
 
 def ssh_cmd(port, *remote, connect_timeout=10):
+    """The ssh command line to a lab host. Commands within a minute of each other share one connection (a
+    master in the lab's state directory): a new connection costs an emulated guest seconds of CPU."""
     key = ssh_key()[0]
     return ["ssh", "-i", key, "-p", str(port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            "-o", "ControlMaster=auto", "-o", "ControlPersist=60", "-o", "ControlPath=%s" % os.path.join(STATE, "cm-%C"),
+            "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
             "-o", "ConnectTimeout=%d" % connect_timeout, SSH_USER + "@127.0.0.1"] + list(remote)
 
 
-def wait_ssh(vm, port, timeout):
-    """Wait until SSH answers; fail early (with the console tail) when QEMU dies."""
+# How long a guest that has booted (its login prompt is on the console) may leave SSH unanswered before the lab
+# calls it stuck: under a starved machine sshd was seen answering about 300 s after the prompt (2026-11-27).
+ANSWER_TIMEOUT = int(os.environ.get("GPUOPS_LAB_ANSWER_TIMEOUT", "600"))
+KERNEL_BANNER = "Linux version "
+LOGIN_PROMPT = re.compile(r"\S login: ")
+
+
+class NoAnswer(LabError):
+    """The guest has booted (its login prompt is on the console) but SSH did not answer within the bound."""
+
+
+def booted_at(vm):
+    """True when the console shows a login prompt after the last kernel banner (this boot reached its getty)."""
+    text = read_text(vm.serial)
+    return bool(LOGIN_PROMPT.search(text, max(text.rfind(KERNEL_BANNER), 0)))
+
+
+def ssh_answers(port):
+    try:
+        proc = subprocess.run(ssh_cmd(port, "true"), timeout=30, check=False, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def wait_ssh(vm, port, timeout, answer_timeout=None):
+    """Wait until SSH answers; fail early (with the console tail) when QEMU dies. With `answer_timeout`, raise
+    NoAnswer once the guest has shown its login prompt for that long without SSH answering. A guest that never
+    answers fails with its console's tail and its rescue report (what it says on its second serial port)."""
     deadline = time.time() + timeout
+    prompt_seen = None
     while time.time() < deadline:
         if not vm.process_alive():
             raise LabError("%s: QEMU exited while booting; last console lines:\n%s" % (vm.name, tail_text(vm.serial)))
-        try:
-            proc = subprocess.run(ssh_cmd(port, "true"), timeout=30, check=False, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            if proc.returncode == 0:
-                return
-        except subprocess.TimeoutExpired:
-            pass
+        if ssh_answers(port):
+            return
+        if answer_timeout is not None:
+            if prompt_seen is None and booted_at(vm):
+                prompt_seen = time.time()
+            if prompt_seen is not None and time.time() - prompt_seen > answer_timeout:
+                raise NoAnswer("%s: booted (its login prompt has been on the console for %ds) but SSH on 127.0.0.1:%d "
+                               "does not answer" % (vm.name, time.time() - prompt_seen, port))
         time.sleep(2)
-    raise LabError("%s: no SSH on 127.0.0.1:%d after %ss; last console lines:\n%s"
-                   % (vm.name, port, timeout, tail_text(vm.serial)))
+    raise LabError("%s: no SSH on 127.0.0.1:%d after %ss; last console lines:\n%s\nwhat the guest says on its rescue "
+                   "port:\n%s" % (vm.name, port, timeout, tail_text(vm.serial), vm.rescue_report()))
 
 
 def write_inventory(hosts):

@@ -3,6 +3,7 @@ port is checked on the module targets' host, test_88)."""
 
 import json
 import os
+import re
 
 from conftest import lab
 
@@ -22,6 +23,40 @@ def test_start_of_a_running_host_is_a_noop(lab_work):
     assert seen["before"]["pid"] and seen["after"]["pid"] == seen["before"]["pid"]
     # A plain start (every host) would leave it out: it is not an autostart host.
     assert seen["after"]["autostart"] is False
+
+
+def test_a_host_that_boots_and_never_answers_is_reported_and_restarted_once(tmp_path):
+    """A host without a NIC (gpulab_network: false) in a lab of its own (state and inventory under tmp_path,
+    beside the real lab, which it must not touch): it reaches its login prompt and SSH never answers. The lab
+    reads the real guest's rescue report without SSH, starts the host again once, and fails with the report."""
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "hosts.yml").write_text(
+        "all:\n  hosts:\n    lab-nonet:\n      gpulab_network: false\n      gpulab_autostart: false\n")
+    state = tmp_path / "state"
+    env = {"GPUOPS_LAB_STATE": str(state), "GPUOPS_LAB_INVENTORY": str(inventory), "GPUOPS_LAB_ANSWER_TIMEOUT": "5"}
+    try:
+        proc = lab("start", "lab-nonet", env=env, timeout=3600)
+    finally:
+        lab("stop", "--force", "lab-nonet", env=env, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    assert "Traceback" not in out
+    assert re.search(r"lab-nonet: booted \(its login prompt has been on the console for \d+s\) but SSH on "
+                     r"127\.0\.0\.1:\d+ does not answer; what the guest says on its rescue port", out), out
+    assert "lab-nonet: restarting it once (a cold start, same port)" in out
+    assert "after a cold restart too; what the guest says on its rescue port" in out
+    # The real guest's reports (one before the restart, one after), read on its second serial port: no NIC, so
+    # no link but the loopback and nothing on the network.
+    with open(state / "lab-nonet" / "rescue.log", encoding="utf-8") as handle:
+        reports = handle.read().split("=== gpulab-rescue: ")[1:]
+    assert len(reports) == 2, reports
+    for report in reports:
+        assert "--- ip addr" in report and "--- systemctl status ssh systemd-networkd" in report
+        assert "1: lo:" in report and "2: " not in report.split("--- ip addr", 1)[1].split("---", 1)[0]
+    # The real lab's state and inventory are not the test's.
+    assert "lab-nonet" not in lab("status").stdout
+    assert os.path.isdir(state / "lab-nonet")
 
 
 def test_unknown_host_is_a_clear_error():

@@ -309,3 +309,169 @@ def test_a_host_without_an_event_monitor_is_left_alone(gpulab, monkeypatch):
     vm = gpulab.Vm("lab-y")
     monkeypatch.setattr(gpulab.Vm, "launch", lambda *args, **kwargs: pytest.fail("launched"))
     assert gpulab.follow_reboots(vm) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A host that booted and does not answer SSH: the rescue port's report and one cold restart
+# ---------------------------------------------------------------------------------------------
+
+def serve_rescue(path, answer):
+    """A stand-in for a guest's rescue port on the unix socket `path`: reads one request line, sends `answer`
+    (bytes, CR LF line ends as a serial line has them) unless it is None, then keeps the socket open a moment."""
+    import socket
+    import threading
+    import time
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    seen = []
+
+    def serve():
+        conn = server.accept()[0]
+        with conn, server:
+            seen.append(conn.recv(4096))
+            if answer is not None:
+                conn.sendall(answer)
+            time.sleep(1.5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread, seen
+
+
+def test_the_rescue_report_is_read_without_ssh_and_kept(gpulab):
+    vm = gpulab.Vm("lab-r")
+    os.makedirs(vm.dir)
+    report = "=== gpulab-rescue: gpulab up 512.3s\r\n--- systemctl status ssh\r\nActive: activating (start)\r\n=== end\r\n"
+    thread, seen = serve_rescue(vm.rescue, ("noise from an earlier boot\r\n" + report).encode())
+    text = vm.rescue_report(timeout=10)
+    thread.join(5)
+    assert seen == [b"report\n"]
+    assert text.startswith("=== gpulab-rescue: gpulab up 512.3s")
+    assert "Active: activating (start)" in text and "\r" not in text and "noise" not in text
+    with open(vm.rescue_log) as handle:
+        assert "Active: activating (start)" in handle.read()
+
+
+def test_a_silent_rescue_port_is_said_so(gpulab):
+    vm = gpulab.Vm("lab-s")
+    os.makedirs(vm.dir)
+    thread, _seen = serve_rescue(vm.rescue, None)
+    text = vm.rescue_report(timeout=1)
+    thread.join(5)
+    assert text == "(no rescue report: the guest did not answer on its rescue port within 1s)"
+    assert not os.path.exists(vm.rescue_log)
+    gone = gpulab.Vm("lab-gone").rescue_report(timeout=1)
+    assert gone.startswith("(no rescue report: the rescue port ") and "cannot be reached" in gone
+
+
+@pytest.mark.parametrize("console, booted", [
+    ("Linux version 6.1\n...\ngpulab login: ", True),
+    # The prompt of the boot before a reboot does not count for the boot after it.
+    ("Linux version 6.1\ngpulab login: \nreboot: Restarting system\nLinux version 6.1\n[ OK ] Started ssh", False),
+    ("Linux version 6.1\n[ OK ] Reached target Basic System", False),
+    ("", False),
+])
+def test_a_boot_is_done_when_its_own_login_prompt_is_on_the_console(gpulab, console, booted):
+    vm = gpulab.Vm("lab-c")
+    os.makedirs(vm.dir)
+    with open(vm.serial, "w") as handle:
+        handle.write(console)
+    assert gpulab.labnet.booted_at(vm) is booted
+
+
+def test_a_booted_guest_that_does_not_answer_is_named_after_the_bound(gpulab, monkeypatch):
+    vm = gpulab.Vm("lab-n")
+    os.makedirs(vm.dir)
+    with open(vm.serial, "w") as handle:
+        handle.write("Linux version 6.1\ngpulab login: ")
+    monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
+    monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)
+    monkeypatch.setattr(gpulab.labnet.time, "sleep", lambda seconds: None)
+    with pytest.raises(gpulab.NoAnswer, match=r"lab-n: booted \(its login prompt has been on the console for 0s\) "
+                                              r"but SSH on 127.0.0.1:40555 does not answer"):
+        gpulab.wait_ssh(vm, 40555, timeout=60, answer_timeout=-1)
+
+
+def test_a_guest_that_never_answers_fails_with_its_console_and_rescue_report(gpulab, monkeypatch):
+    vm = gpulab.Vm("lab-f")
+    os.makedirs(vm.dir)
+    with open(vm.serial, "w") as handle:
+        handle.write("Linux version 6.1\n[ OK ] Started ssh.service")
+    monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
+    monkeypatch.setattr(gpulab.Vm, "rescue_report", lambda self: "=== gpulab-rescue: networkctl: degraded")
+    monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)
+    with pytest.raises(gpulab.LabError) as err:
+        gpulab.wait_ssh(vm, 40556, timeout=0)
+    assert "lab-f: no SSH on 127.0.0.1:40556 after 0s" in str(err.value)
+    assert "Started ssh.service" in str(err.value) and "networkctl: degraded" in str(err.value)
+
+
+def start_with(gpulab, monkeypatch, waits, state="running"):
+    """cmd_start on one host whose successive SSH waits do what `waits` says ("ok", "no-answer", "fail");
+    returns (exit error or None, the launches, the kills, the waits' answer_timeout arguments)."""
+    import argparse
+
+    with open(gpulab.INVENTORY_HOSTS, "w") as handle:
+        handle.write("all:\n  children:\n    container:\n      hosts:\n        lab-w: {}\n")
+    vm = gpulab.Vm("lab-w")
+    os.makedirs(vm.dir)
+    vm.save_meta(ssh_port=40600)
+    launches, kills, bounds = [], [], []
+    outcomes = list(waits)
+
+    def fake_wait(vm_, port, timeout, answer_timeout=None):
+        bounds.append(answer_timeout)
+        outcome = outcomes.pop(0)
+        if outcome == "no-answer":
+            raise gpulab.NoAnswer("%s: booted but SSH on 127.0.0.1:%d does not answer" % (vm_.name, port))
+        if outcome == "fail":
+            raise gpulab.LabError("%s: no SSH" % vm_.name)
+
+    monkeypatch.setattr(gpulab, "need_tools", lambda *names: None)
+    monkeypatch.setattr(gpulab, "ensure_image", lambda: {"id": "abc"})
+    monkeypatch.setattr(gpulab, "ssh_key", lambda: ("key", "key.pub"))
+    monkeypatch.setattr(gpulab, "choose_accel", lambda: "tcg")
+    monkeypatch.setattr(gpulab, "wait_ssh", fake_wait)
+    monkeypatch.setattr(gpulab, "write_inventory", lambda hosts: None)
+    monkeypatch.setattr(gpulab.Vm, "state", lambda self: state)
+    monkeypatch.setattr(gpulab.Vm, "rescue_report", lambda self: "=== gpulab-rescue: ssh.service activating")
+    monkeypatch.setattr(gpulab.Vm, "kill", lambda self, graceful_seconds=0: kills.append(self.name))
+    monkeypatch.setattr(gpulab.Vm, "launch", lambda self, *args, **kwargs: launches.append(kwargs) or 40600)
+    try:
+        gpulab.cmd_start(argparse.Namespace(hosts=["lab-w"], timeout=100))
+        error = None
+    except gpulab.LabError as exc:
+        error = str(exc)
+    return error, launches, kills, bounds
+
+
+def test_a_running_host_that_does_not_answer_is_restarted_once(gpulab, monkeypatch, capsys):
+    error, launches, kills, bounds = start_with(gpulab, monkeypatch, ["no-answer", "ok"])
+    out = capsys.readouterr()
+    assert error is None
+    assert kills == ["lab-w"] and launches == [{"rebooting": True}]
+    # The wait after the restart has the same bound: it fails then (one restart, never a second).
+    assert bounds == [gpulab.ANSWER_TIMEOUT, gpulab.ANSWER_TIMEOUT]
+    said = out.out + out.err
+    assert "lab-w: booted but SSH on 127.0.0.1:40600 does not answer" in said
+    assert "ssh.service activating" in said and "restarting it once" in said
+
+
+def test_a_host_that_does_not_answer_after_its_restart_fails(gpulab, monkeypatch):
+    error, launches, kills, _bounds = start_with(gpulab, monkeypatch, ["no-answer", "fail"])
+    assert error == "lab-w: no SSH"
+    assert kills == ["lab-w"] and len(launches) == 1
+
+
+def test_a_host_that_booted_twice_and_does_not_answer_fails_with_its_report(gpulab, monkeypatch):
+    error, launches, kills, _bounds = start_with(gpulab, monkeypatch, ["no-answer", "no-answer"])
+    assert error == ("lab-w: booted but SSH on 127.0.0.1:40600 does not answer, after a cold restart too; what the "
+                     "guest says on its rescue port:\n=== gpulab-rescue: ssh.service activating")
+    assert kills == ["lab-w"] and len(launches) == 1
+
+
+def test_a_running_host_that_answers_is_left_alone(gpulab, monkeypatch):
+    error, launches, kills, _bounds = start_with(gpulab, monkeypatch, ["ok"])
+    assert error is None and launches == [] and kills == []
