@@ -37,7 +37,8 @@ def ssh_cmd(port, *remote, connect_timeout=10):
     key = ssh_key()[0]
     return ["ssh", "-i", key, "-p", str(port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            "-o", "ControlMaster=auto", "-o", "ControlPersist=60", "-o", "ControlPath=%s" % os.path.join(STATE, "cm-%C"),
+            "-o", "ControlMaster=auto", "-o", "ControlPersist=60",
+            "-o", "ControlPath=%s" % os.path.join(STATE, "cm-%C"),
             "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
             "-o", "ConnectTimeout=%d" % connect_timeout, SSH_USER + "@127.0.0.1"] + list(remote)
 
