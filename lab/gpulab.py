@@ -52,7 +52,8 @@ from labconfig import (BOOT_TIMEOUT, CACHE, INVENTORY_CONNECTION, INVENTORY_DIR,
                        lab_host_settings, lab_hosts, locked, log, manifest_path, need_tools, select_hosts, tail_text)
 from labhost import Vm, choose_accel, keep_priority, stand_in_devices  # noqa: E402
 from labimage import ensure_image, image_manifest, image_problem  # noqa: E402
-from labnet import ANSWER_TIMEOUT, NoAnswer, ssh_cmd, ssh_key, wait_ssh, write_inventory  # noqa: E402
+from labnet import (ANSWER_TIMEOUT, NoAnswer, console_size, ssh_cmd, ssh_key, wait_ssh,  # noqa: E402
+                    write_inventory)
 from labreboot import follow_reboots  # noqa: E402
 
 # What this module offers besides its commands: the names the unit tests and other callers read from it.
@@ -120,9 +121,9 @@ def cmd_start(args):
                 try:
                     wait_ssh(vm, port, args.timeout, answer_timeout=ANSWER_TIMEOUT)
                 except NoAnswer as exc:
-                    restart_once(vm, exc)
+                    console_from = restart_once(vm, exc)
                     try:
-                        wait_ssh(vm, port, args.timeout, answer_timeout=ANSWER_TIMEOUT)
+                        wait_ssh(vm, port, args.timeout, answer_timeout=ANSWER_TIMEOUT, console_from=console_from)
                     except NoAnswer as again:
                         raise LabError("%s, after a cold restart too; what the guest says on its rescue port:\n%s"
                                        % (again, vm.rescue_report()))
@@ -139,7 +140,9 @@ def cmd_start(args):
             "same port)" % (exc, vm.rescue_log, "\n".join("  " + line for line in report.splitlines()[:60]), vm.name))
         with locked(os.path.join(STATE, "lab.lock")):
             vm.kill()
+            console_from = console_size(vm)
             vm.launch(manifest, accel, pub, rebooting=True)
+        return console_from
 
     threads = [threading.Thread(target=waiter, args=item) for item in booting]
     for thread in threads:

@@ -54,10 +54,16 @@ class NoAnswer(LabError):
     """The guest has booted (its login prompt is on the console) but SSH did not answer within the bound."""
 
 
-def booted_at(vm):
-    """True when the console shows a login prompt after the last kernel banner (this boot reached its getty)."""
-    text = read_text(vm.serial)
+def booted_at(vm, console_from=0):
+    """True when the console, from offset `console_from` on, shows a login prompt after the last kernel banner
+    (this boot reached its getty). A restart on the same port goes on in the same console file: its wait starts
+    past what the boot before wrote."""
+    text = read_text(vm.serial)[console_from:]
     return bool(LOGIN_PROMPT.search(text, max(text.rfind(KERNEL_BANNER), 0)))
+
+
+def console_size(vm):
+    return len(read_text(vm.serial))
 
 
 def ssh_answers(port):
@@ -69,23 +75,33 @@ def ssh_answers(port):
         return False
 
 
-def wait_ssh(vm, port, timeout, answer_timeout=None):
+def wait_ssh(vm, port, timeout, answer_timeout=None, console_from=0):
     """Wait until SSH answers; fail early (with the console tail) when QEMU dies. With `answer_timeout`, raise
-    NoAnswer once the guest has shown its login prompt for that long without SSH answering. A guest that never
-    answers fails with its console's tail and its rescue report (what it says on its second serial port)."""
+    NoAnswer once the guest has shown its login prompt for that long without SSH answering, or once its console
+    has been silent that long (a boot that stopped: seen 2026-11-27, a guest idle with its CPU halted, ssh.service
+    still starting and no login prompt, its console quiet for 20 minutes). A guest that never answers fails with
+    its console's tail and its rescue report (what it says on its second serial port)."""
     deadline = time.time() + timeout
     prompt_seen = None
+    console = (console_size(vm), time.time())
     while time.time() < deadline:
         if not vm.process_alive():
             raise LabError("%s: QEMU exited while booting; last console lines:\n%s" % (vm.name, tail_text(vm.serial)))
         if ssh_answers(port):
             return
         if answer_timeout is not None:
-            if prompt_seen is None and booted_at(vm):
-                prompt_seen = time.time()
-            if prompt_seen is not None and time.time() - prompt_seen > answer_timeout:
+            now = time.time()
+            size = console_size(vm)
+            if size != console[0]:
+                console = (size, now)
+            if prompt_seen is None and booted_at(vm, console_from):
+                prompt_seen = now
+            if prompt_seen is not None and now - prompt_seen > answer_timeout:
                 raise NoAnswer("%s: booted (its login prompt has been on the console for %ds) but SSH on 127.0.0.1:%d "
-                               "does not answer" % (vm.name, time.time() - prompt_seen, port))
+                               "does not answer" % (vm.name, now - prompt_seen, port))
+            if prompt_seen is None and now - console[1] > answer_timeout:
+                raise NoAnswer("%s: its console has been silent for %ds without a login prompt and SSH on "
+                               "127.0.0.1:%d does not answer (a boot that stopped)" % (vm.name, now - console[1], port))
         time.sleep(2)
     raise LabError("%s: no SSH on 127.0.0.1:%d after %ss; last console lines:\n%s\nwhat the guest says on its rescue "
                    "port:\n%s" % (vm.name, port, timeout, tail_text(vm.serial), vm.rescue_report()))

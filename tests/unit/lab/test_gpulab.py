@@ -381,6 +381,20 @@ def test_a_boot_is_done_when_its_own_login_prompt_is_on_the_console(gpulab, cons
     assert gpulab.labnet.booted_at(vm) is booted
 
 
+def test_a_restart_waits_for_the_prompt_of_its_own_boot(gpulab):
+    """A restart on the same port goes on in the same console file: the boot before's prompt is not this one's."""
+    vm = gpulab.Vm("lab-c2")
+    os.makedirs(vm.dir)
+    before = "Linux version 6.1\ngpulab login: \n"
+    with open(vm.serial, "w") as handle:
+        handle.write(before + "SeaBIOS (version 1.16)\nBooting from Hard Disk...\n")
+    assert gpulab.labnet.booted_at(vm) is True
+    assert gpulab.labnet.booted_at(vm, console_from=len(before)) is False
+    with open(vm.serial, "a") as handle:
+        handle.write("Linux version 6.1\ngpulab login: ")
+    assert gpulab.labnet.booted_at(vm, console_from=len(before)) is True
+
+
 def test_a_booted_guest_that_does_not_answer_is_named_after_the_bound(gpulab, monkeypatch):
     vm = gpulab.Vm("lab-n")
     os.makedirs(vm.dir)
@@ -392,6 +406,42 @@ def test_a_booted_guest_that_does_not_answer_is_named_after_the_bound(gpulab, mo
     with pytest.raises(gpulab.NoAnswer, match=r"lab-n: booted \(its login prompt has been on the console for 0s\) "
                                               r"but SSH on 127.0.0.1:40555 does not answer"):
         gpulab.wait_ssh(vm, 40555, timeout=60, answer_timeout=-1)
+
+
+def test_a_boot_whose_console_went_silent_is_named_after_the_bound(gpulab, monkeypatch):
+    """A boot that stopped before its login prompt (its console silent, SSH not answering) counts as not answering."""
+    vm = gpulab.Vm("lab-q")
+    os.makedirs(vm.dir)
+    with open(vm.serial, "w") as handle:
+        handle.write("Linux version 6.1\n[ OK ] Reached target Network.\n(2 of 3) Job ssh.service/start running")
+    clock = iter(range(0, 100000, 30))
+    monkeypatch.setattr(gpulab.labnet.time, "time", lambda: next(clock))
+    monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
+    monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)
+    monkeypatch.setattr(gpulab.labnet.time, "sleep", lambda seconds: None)
+    with pytest.raises(gpulab.NoAnswer, match=r"lab-q: its console has been silent for \d+s without a login prompt and "
+                                              r"SSH on 127.0.0.1:40557 does not answer \(a boot that stopped\)"):
+        gpulab.wait_ssh(vm, 40557, timeout=100000, answer_timeout=600)
+
+
+def test_a_boot_that_still_prints_is_waited_for(gpulab, monkeypatch):
+    """A slow boot that keeps writing to its console is not cut short: only the overall timeout ends the wait."""
+    vm = gpulab.Vm("lab-p")
+    os.makedirs(vm.dir)
+    clock = iter(range(0, 100000, 30))
+    monkeypatch.setattr(gpulab.labnet.time, "time", lambda: next(clock))
+    monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
+    monkeypatch.setattr(gpulab.Vm, "rescue_report", lambda self: "(no rescue report)")
+    monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)
+
+    def printing(seconds):
+        with open(vm.serial, "a") as handle:
+            handle.write("[ OK ] Started something.\n")
+    monkeypatch.setattr(gpulab.labnet.time, "sleep", printing)
+    with pytest.raises(gpulab.LabError) as err:
+        gpulab.wait_ssh(vm, 40558, timeout=3000, answer_timeout=600)
+    assert not isinstance(err.value, gpulab.NoAnswer)
+    assert "lab-p: no SSH on 127.0.0.1:40558 after 3000s" in str(err.value)
 
 
 def test_a_guest_that_never_answers_fails_with_its_console_and_rescue_report(gpulab, monkeypatch):
@@ -421,7 +471,7 @@ def start_with(gpulab, monkeypatch, waits, state="running"):
     launches, kills, bounds = [], [], []
     outcomes = list(waits)
 
-    def fake_wait(vm_, port, timeout, answer_timeout=None):
+    def fake_wait(vm_, port, timeout, answer_timeout=None, console_from=0):
         bounds.append(answer_timeout)
         outcome = outcomes.pop(0)
         if outcome == "no-answer":
