@@ -46,6 +46,8 @@ def ssh_cmd(port, *remote, connect_timeout=10):
 # How long a guest that has booted (its login prompt is on the console) may leave SSH unanswered before the lab
 # calls it stuck: under a starved machine sshd was seen answering about 300 s after the prompt (2026-11-27).
 ANSWER_TIMEOUT = int(os.environ.get("GPUOPS_LAB_ANSWER_TIMEOUT", "600"))
+# How long a booting guest's console may stay silent, without a login prompt, before the lab calls the boot stopped.
+SILENCE_TIMEOUT = int(os.environ.get("GPUOPS_LAB_SILENCE_TIMEOUT", "600"))
 KERNEL_BANNER = "Linux version "
 LOGIN_PROMPT = re.compile(r"\S login: ")
 
@@ -75,10 +77,10 @@ def ssh_answers(port):
         return False
 
 
-def wait_ssh(vm, port, timeout, answer_timeout=None, console_from=0):
+def wait_ssh(vm, port, timeout, answer_timeout=None, console_from=0, silence_timeout=None):
     """Wait until SSH answers; fail early (with the console tail) when QEMU dies. With `answer_timeout`, raise
     NoAnswer once the guest has shown its login prompt for that long without SSH answering, or once its console
-    has been silent that long (a boot that stopped: seen 2026-11-27, a guest idle with its CPU halted, ssh.service
+    has been silent for `silence_timeout` (SILENCE_TIMEOUT by default) without a prompt (a boot that stopped: seen 2026-11-27, a guest idle with its CPU halted, ssh.service
     still starting and no login prompt, its console quiet for 20 minutes). A guest that never answers fails with
     its console's tail and its rescue report (what it says on its second serial port)."""
     deadline = time.time() + timeout
@@ -99,7 +101,7 @@ def wait_ssh(vm, port, timeout, answer_timeout=None, console_from=0):
             if prompt_seen is not None and now - prompt_seen > answer_timeout:
                 raise NoAnswer("%s: booted (its login prompt has been on the console for %ds) but SSH on 127.0.0.1:%d "
                                "does not answer" % (vm.name, now - prompt_seen, port))
-            if prompt_seen is None and now - console[1] > answer_timeout:
+            if prompt_seen is None and now - console[1] > (silence_timeout or SILENCE_TIMEOUT):
                 raise NoAnswer("%s: its console has been silent for %ds without a login prompt and SSH on "
                                "127.0.0.1:%d does not answer (a boot that stopped)" % (vm.name, now - console[1], port))
         time.sleep(2)

@@ -25,13 +25,13 @@ LAB = [sys.executable, os.path.join(TOP, "lab", "gpulab.py")]
 os.environ.setdefault("GPUOPS_LAB_BOOT_TIMEOUT", "1500")
 
 
-# The lab's Ansible runs use the mitogen strategy (one Python per host for a whole play, modules run in it): under
-# emulation a module's start costs a guest about 3 s of CPU, mostly importing ansible.module_utils.basic, again for
-# every task, and mitogen cut a target's guest CPU to a third. Users run plain SSH: the container scenario, the
-# host_lock target and the site.yml run as AWX runs it (test_95, through ansible-runner) stay on it.
-# GPUOPS_TEST_MITOGEN=0 puts every run on plain SSH. A whole tier on mitogen failed twice (2026-11-27) while the
-# hosts booted beside the busy ones (the container converge, the module targets): a host still booting got a fifth
-# of a core and two did not answer SSH within 900 s; the lab work now boots every host before any works (LabBoot).
+# With GPUOPS_TEST_MITOGEN=1 the lab's Ansible runs use the mitogen strategy (one Python per host for a whole play,
+# modules run in it): under emulation a module's start costs a guest about 3 s of CPU, mostly importing
+# ansible.module_utils.basic, again for every task, and mitogen cut a target's guest CPU to a third. Users run plain
+# SSH: the container scenario, the host_lock target and the site.yml run as AWX runs it (test_95, through
+# ansible-runner) stay on it even then. Not the default: in a whole tier on it with every host booted first
+# (2026-11-27) the controller's share of the CPU rose to a third, and its connection to a host just cold-started
+# beside four busy ones timed out (the module targets' restart step) where plain SSH retries.
 MITOGEN_ENV = "GPUOPS_TEST_MITOGEN"
 PLAIN_SSH_SCENARIOS = ("container",)
 # Module targets that run on plain SSH: host_lock's race starts two async jobs of one loop at once, and under
@@ -42,18 +42,19 @@ PLAIN_SSH_TARGETS = ("host_lock",)
 
 def mitogen_env():
     """The environment that puts an ansible-playbook on the mitogen strategy; {} when it is turned off."""
-    if os.environ.get(MITOGEN_ENV, "1") == "0":
+    if os.environ.get(MITOGEN_ENV, "0") != "1":
         return {}
     import ansible_mitogen  # pylint: disable=import-outside-toplevel
     strategies = os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy")
     # Mitogen's connection is up once the guest's Python has started and loaded mitogen's core, all within the
-    # connection timeout: molecule's 10 s default ran out under load (the project's ansible.cfg has 60).
-    return {"ANSIBLE_STRATEGY_PLUGINS": strategies, "ANSIBLE_STRATEGY": "mitogen_linear", "ANSIBLE_TIMEOUT": "60"}
+    # connection timeout: molecule's 10 s default ran out under load, and 60 s on a host just cold-started beside
+    # four busy ones (the module targets' restart step, 2026-11-27); mitogen does not retry as plain SSH does.
+    return {"ANSIBLE_STRATEGY_PLUGINS": strategies, "ANSIBLE_STRATEGY": "mitogen_linear", "ANSIBLE_TIMEOUT": "240"}
 
 
 def run(cmd, timeout=1800, env=None, check=False, plain_ssh=False):
-    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). Ansible
-    commands run on the mitogen strategy (see MITOGEN_ENV) unless `plain_ssh` or GPUOPS_TEST_MITOGEN=0."""
+    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). With
+    GPUOPS_TEST_MITOGEN=1, Ansible commands run on the mitogen strategy (see MITOGEN_ENV) unless `plain_ssh`."""
     full_env = dict(os.environ)
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
