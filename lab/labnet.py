@@ -80,9 +80,10 @@ def ssh_answers(port):
 def wait_ssh(vm, port, timeout, answer_timeout=None, console_from=0, silence_timeout=None):
     """Wait until SSH answers; fail early (with the console tail) when QEMU dies. With `answer_timeout`, raise
     NoAnswer once the guest has shown its login prompt for that long without SSH answering, or once its console
-    has been silent for `silence_timeout` (SILENCE_TIMEOUT by default) without a prompt (a boot that stopped: seen 2026-11-27, a guest idle with its CPU halted, ssh.service
-    still starting and no login prompt, its console quiet for 20 minutes). A guest that never answers fails with
-    its console's tail and its rescue report (what it says on its second serial port)."""
+    has been silent for `silence_timeout` (SILENCE_TIMEOUT by default) without a prompt: a boot that stopped (seen
+    2026-11-27: a guest idle with its CPU halted, ssh.service still starting, no login prompt, its console quiet for
+    20 minutes). A guest that never answers fails with its console's tail and its rescue report (what it says on its
+    second serial port)."""
     deadline = time.time() + timeout
     prompt_seen = None
     console = (console_size(vm), time.time())
