@@ -224,7 +224,8 @@ class Vm:
             iommu = settings.get("gpulab_iommu", True) is not False
             # gpulab_network: false leaves the NIC out (a host that boots and never answers: the lab's test of
             # its own recovery).
-            nic = [] if settings.get("gpulab_network", True) is False else [
+            # (QEMU adds a user-network NIC of its own to a machine given none: -nic none.)
+            nic = ["-nic", "none"] if settings.get("gpulab_network", True) is False else [
                 "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port,
                 "-device", "virtio-net-pci,netdev=net0,addr=07.0"]
             cmd = qemu_base_cmd(self.name, accel, iommu=iommu) + [
