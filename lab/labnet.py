@@ -53,14 +53,14 @@ LOGIN_PROMPT = re.compile(r"\S login: ")
 
 
 class NoAnswer(LabError):
-    """The guest has booted (its login prompt is on the console) but SSH did not answer within the bound."""
+    """The guest booted and does not answer SSH, or its boot stopped (see wait_ssh's bounds)."""
 
 
-def booted_at(vm, console_from=0):
-    """True when the console, from offset `console_from` on, shows a login prompt after the last kernel banner
-    (this boot reached its getty). A restart on the same port goes on in the same console file: its wait starts
-    past what the boot before wrote."""
-    text = read_text(vm.serial)[console_from:]
+def booted_at(vm, console_from=0, text=None):
+    """True when the console (`text`, read when not given), from offset `console_from` on, shows a login prompt
+    after the last kernel banner (this boot reached its getty). A restart on the same port goes on in the same
+    console file: its wait starts past what the boot before wrote."""
+    text = (read_text(vm.serial) if text is None else text)[console_from:]
     return bool(LOGIN_PROMPT.search(text, max(text.rfind(KERNEL_BANNER), 0)))
 
 
@@ -94,10 +94,10 @@ def wait_ssh(vm, port, timeout, answer_timeout=None, console_from=0, silence_tim
             return
         if answer_timeout is not None:
             now = time.time()
-            size = console_size(vm)
-            if size != console[0]:
-                console = (size, now)
-            if prompt_seen is None and booted_at(vm, console_from):
+            text = read_text(vm.serial)  # once per round: its size and whether the prompt is there
+            if len(text) != console[0]:
+                console = (len(text), now)
+            if prompt_seen is None and booted_at(vm, console_from, text):
                 prompt_seen = now
             if prompt_seen is not None and now - prompt_seen > answer_timeout:
                 raise NoAnswer("%s: booted (its login prompt has been on the console for %ds) but SSH on 127.0.0.1:%d "

@@ -408,6 +408,16 @@ def test_a_booted_guest_that_does_not_answer_is_named_after_the_bound(gpulab, mo
         gpulab.wait_ssh(vm, 40555, timeout=60, answer_timeout=-1)
 
 
+def silent_host(gpulab, monkeypatch, sleep=lambda seconds: None):
+    """A live QEMU whose SSH never answers, on a clock that moves 30 s per reading; `sleep` stands for the wait
+    between rounds."""
+    clock = iter(range(0, 100000, 30))
+    monkeypatch.setattr(gpulab.labnet.time, "time", lambda: next(clock))
+    monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
+    monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)
+    monkeypatch.setattr(gpulab.labnet.time, "sleep", sleep)
+
+
 def test_a_boot_whose_console_went_silent_is_named_after_the_bound(gpulab, monkeypatch):
     """A boot that stopped before its login prompt (its console silent, SSH not answering) counts as not answering,
     after the silence bound, not the (shorter) answer bound: a booting guest is often quiet for seconds."""
@@ -415,11 +425,7 @@ def test_a_boot_whose_console_went_silent_is_named_after_the_bound(gpulab, monke
     os.makedirs(vm.dir)
     with open(vm.serial, "w") as handle:
         handle.write("Linux version 6.1\n[ OK ] Reached target Network.\n(2 of 3) Job ssh.service/start running")
-    clock = iter(range(0, 100000, 30))
-    monkeypatch.setattr(gpulab.labnet.time, "time", lambda: next(clock))
-    monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
-    monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)
-    monkeypatch.setattr(gpulab.labnet.time, "sleep", lambda seconds: None)
+    silent_host(gpulab, monkeypatch)
     with pytest.raises(gpulab.NoAnswer, match=r"lab-q: its console has been silent for \d+s without a login prompt and "
                                               r"SSH on 127.0.0.1:40557 does not answer \(a boot that stopped\)"):
         gpulab.wait_ssh(vm, 40557, timeout=100000, answer_timeout=5, silence_timeout=600)
@@ -429,16 +435,12 @@ def test_a_boot_that_still_prints_is_waited_for(gpulab, monkeypatch):
     """A slow boot that keeps writing to its console is not cut short: only the overall timeout ends the wait."""
     vm = gpulab.Vm("lab-p")
     os.makedirs(vm.dir)
-    clock = iter(range(0, 100000, 30))
-    monkeypatch.setattr(gpulab.labnet.time, "time", lambda: next(clock))
-    monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
     monkeypatch.setattr(gpulab.Vm, "rescue_report", lambda self: "(no rescue report)")
-    monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)
 
     def printing(seconds):
         with open(vm.serial, "a") as handle:
             handle.write("[ OK ] Started something.\n")
-    monkeypatch.setattr(gpulab.labnet.time, "sleep", printing)
+    silent_host(gpulab, monkeypatch, sleep=printing)
     with pytest.raises(gpulab.LabError) as err:
         gpulab.wait_ssh(vm, 40558, timeout=3000, answer_timeout=600)
     assert not isinstance(err.value, gpulab.NoAnswer)
