@@ -25,14 +25,16 @@ LAB = [sys.executable, os.path.join(TOP, "lab", "gpulab.py")]
 os.environ.setdefault("GPUOPS_LAB_BOOT_TIMEOUT", "1500")
 
 
-# With GPUOPS_TEST_MITOGEN=1 the lab's Ansible runs use the mitogen strategy (one Python per host for a whole play,
-# modules run in it): under emulation a module's start costs a guest about 3 s of CPU, mostly importing
-# ansible.module_utils.basic, again for every task, and mitogen cut a target's guest CPU to a third. Users run plain
-# SSH: the container scenario, the host_lock target and the site.yml run as AWX runs it (test_95, through
-# ansible-runner) stay on it even then. Not the default: in a whole tier on it with every host booted first
-# (2026-11-27) the controller's share of the CPU rose to a third, and its connection to a host just cold-started
-# beside four busy ones timed out (the module targets' restart step) where plain SSH retries.
+# The module targets' plays run on the mitogen strategy (one Python per host for a whole play, modules run in it):
+# under emulation a module's start costs a guest about 3 s of CPU, mostly importing ansible.module_utils.basic, again
+# for every task, and mitogen cut a target's guest CPU to a third (gpu_facts: 70 s against 22 s) for the same
+# controller CPU (6-8 s either way). GPUOPS_TEST_MITOGEN picks where: "targets" (the default) those plays only, "1"
+# every lab playbook, "0" none. Users run plain SSH: the scenarios, the power-loss run, site.yml as AWX runs it
+# (test_95, through ansible-runner) and host_lock's target stay on it by default. Not every lab playbook: on a
+# host's no-op converge mitogen saved the guest nothing (11-12 s either way, 2026-11-27, the ready record leaves one
+# module call), and in whole tiers on it (2026-11-27) the controller's share rose to a third.
 MITOGEN_ENV = "GPUOPS_TEST_MITOGEN"
+MITOGEN_MODES = ("0", "targets", "1")
 PLAIN_SSH_SCENARIOS = ("container",)
 # Module targets that run on plain SSH: host_lock's race starts two async jobs of one loop at once, and under
 # mitogen 0.3.54 both forked jobs waited on a futex for good (seen on lab-modules, 2026-11-27; the targets with
@@ -40,9 +42,13 @@ PLAIN_SSH_SCENARIOS = ("container",)
 PLAIN_SSH_TARGETS = ("host_lock",)
 
 
-def mitogen_env():
-    """The environment that puts an ansible-playbook on the mitogen strategy; {} when it is turned off."""
-    if os.environ.get(MITOGEN_ENV, "0") != "1":
+def mitogen_env(part="lab"):
+    """The environment that puts an ansible-playbook of `part` ("targets": a module target's play, "lab": any other
+    lab playbook) on the mitogen strategy; {} when GPUOPS_TEST_MITOGEN leaves that part on plain SSH."""
+    mode = os.environ.get(MITOGEN_ENV, "targets")
+    if mode not in MITOGEN_MODES:
+        raise ValueError("%s=%r: expected one of %s" % (MITOGEN_ENV, mode, ", ".join(MITOGEN_MODES)))
+    if mode == "0" or (mode == "targets" and part != "targets"):
         return {}
     import ansible_mitogen  # pylint: disable=import-outside-toplevel
     strategies = os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy")
@@ -52,14 +58,15 @@ def mitogen_env():
     return {"ANSIBLE_STRATEGY_PLUGINS": strategies, "ANSIBLE_STRATEGY": "mitogen_linear", "ANSIBLE_TIMEOUT": "240"}
 
 
-def run(cmd, timeout=1800, env=None, check=False, plain_ssh=False):
-    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). With
-    GPUOPS_TEST_MITOGEN=1, Ansible commands run on the mitogen strategy (see MITOGEN_ENV) unless `plain_ssh`."""
+def run(cmd, timeout=1800, env=None, check=False, plain_ssh=False, part="lab"):
+    """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). Ansible
+    commands of a `part` GPUOPS_TEST_MITOGEN puts on mitogen run on its strategy (see MITOGEN_ENV) unless
+    `plain_ssh`."""
     full_env = dict(os.environ)
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
     if not plain_ssh:
-        full_env.update(mitogen_env())
+        full_env.update(mitogen_env(part))
     full_env.update(env or {})
     proc = subprocess.run(cmd, cwd=TOP, env=full_env, timeout=timeout, text=True, check=False,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -265,6 +272,10 @@ class PowerLossRun:
         """Nothing to kill: the thread's commands have their own time limits."""
 
 
+# The first task of the host preparation role in a play's output: the initramfs is generated after it.
+PREPARE_TASK = "TASK [gpuops.sandbox.host_prepare : "
+
+
 def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
     lab("reset", "--no-start", host, check=True)
     lab("start", host, check=True, timeout=1800)
@@ -276,13 +287,21 @@ def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
             playbook, cwd=TOP, env=env, stdout=first_log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + 1800
+        # The host is asked only once the play has reached host_prepare (its log, read locally): each question is
+        # a lab CLI and an SSH session, and asked every second through preflight they cost the machine minutes of
+        # CPU under load. The generation takes tens of seconds under emulation; a question every 2 s finds it.
+        while time.monotonic() < deadline and first.poll() is None:
+            first_log.seek(0)
+            if PREPARE_TASK in first_log.read():
+                break
+            time.sleep(1)
         while time.monotonic() < deadline and first.poll() is None:
             busy = lab("ssh", host, "--", "pgrep -f '[m]kinitramfs|[u]pdate-initramfs' >/dev/null && echo busy || true",
                        timeout=120).stdout
             if "busy" in busy:
                 seen["generating"] = True
                 break
-            time.sleep(1)
+            time.sleep(2)
         # Well into the generation (it takes tens of seconds under emulation), then the power goes.
         time.sleep(5)
         seen["still_generating"] = "busy" in lab(
@@ -336,7 +355,8 @@ def run_host_tasks(directory, host, name, tasks, timeout=2400, plain_ssh=False):
     with open(playbook, "w", encoding="utf-8") as handle:
         handle.write("- name: Integration target %s\n  hosts: %s\n  gather_facts: false\n  tasks:\n%s"
                      % (name, host, tasks))
-    return run(["ansible-playbook", "-i", "inventories/lab/", playbook], timeout=timeout, plain_ssh=plain_ssh)
+    return run(["ansible-playbook", "-i", "inventories/lab/", playbook], timeout=timeout, plain_ssh=plain_ssh,
+               part="targets")
 
 
 def start_again(host):
