@@ -25,16 +25,17 @@ LAB = [sys.executable, os.path.join(TOP, "lab", "gpulab.py")]
 os.environ.setdefault("GPUOPS_LAB_BOOT_TIMEOUT", "1500")
 
 
-# The module targets' plays run on the mitogen strategy (one Python per host for a whole play, modules run in it):
-# under emulation a module's start costs a guest about 3 s of CPU, mostly importing ansible.module_utils.basic, again
-# for every task, and mitogen cut a target's guest CPU to a third (gpu_facts: 70 s against 22 s) for the same
-# controller CPU (6-8 s either way). GPUOPS_TEST_MITOGEN picks where: "targets" (the default) those plays only, "1"
-# every lab playbook, "0" none. Users run plain SSH: the scenarios, the power-loss run, site.yml as AWX runs it
-# (test_95, through ansible-runner) and host_lock's target stay on it by default. Not every lab playbook: on a
-# host's no-op converge mitogen saved the guest nothing (11-12 s either way, 2026-11-27, the ready record leaves one
-# module call), and in whole tiers on it (2026-11-27) the controller's share rose to a third.
+# The module targets' plays and the molecule scenarios of the VM types run on the mitogen strategy (one Python per
+# host for a whole play, modules run in it): under emulation a module's start costs a guest about 3 s of CPU, mostly
+# importing ansible.module_utils.basic, again for every task. Measured 2026-11-27: a target's guest CPU fell to a
+# third (gpu_facts: 70 s against 22 s), a container converge from the pristine image on a quiet machine cost the
+# guest 170 s against 218 s on plain SSH, the controller 34 s either way. Users run plain SSH: the container
+# scenario, host_lock's target and every other lab playbook (the power-loss run, the preflight failures, the drift
+# repair, site.yml as AWX runs it through ansible-runner) stay on it. GPUOPS_TEST_MITOGEN=0 runs everything on
+# plain SSH.
 MITOGEN_ENV = "GPUOPS_TEST_MITOGEN"
-MITOGEN_MODES = ("0", "targets", "1")
+MITOGEN_MODES = ("0", "1")
+MITOGEN_PARTS = ("targets", "scenario")
 PLAIN_SSH_SCENARIOS = ("container",)
 # Module targets that run on plain SSH: host_lock's race starts two async jobs of one loop at once, and under
 # mitogen 0.3.54 both forked jobs waited on a futex for good (seen on lab-modules, 2026-11-27; the targets with
@@ -43,12 +44,12 @@ PLAIN_SSH_TARGETS = ("host_lock",)
 
 
 def mitogen_env(part="lab"):
-    """The environment that puts an ansible-playbook of `part` ("targets": a module target's play, "lab": any other
-    lab playbook) on the mitogen strategy; {} when GPUOPS_TEST_MITOGEN leaves that part on plain SSH."""
-    mode = os.environ.get(MITOGEN_ENV, "targets")
+    """The environment that puts an ansible-playbook of `part` ("targets": a module target's play, "scenario": a
+    molecule scenario's, "lab": any other lab playbook) on the mitogen strategy; {} when it stays on plain SSH."""
+    mode = os.environ.get(MITOGEN_ENV, "1")
     if mode not in MITOGEN_MODES:
         raise ValueError("%s=%r: expected one of %s" % (MITOGEN_ENV, mode, ", ".join(MITOGEN_MODES)))
-    if mode == "0" or (mode == "targets" and part != "targets"):
+    if mode == "0" or part not in MITOGEN_PARTS:
         return {}
     import ansible_mitogen  # pylint: disable=import-outside-toplevel
     strategies = os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy")
@@ -132,7 +133,7 @@ def molecule(scenario, env, output, state_dir):
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     if scenario not in PLAIN_SSH_SCENARIOS:
-        full_env.update(mitogen_env())
+        full_env.update(mitogen_env("scenario"))
     full_env.update(env or {})
     full_env.update(NO_COLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", COLUMNS="400",
                     MOLECULE_EPHEMERAL_DIRECTORY=state_dir)
