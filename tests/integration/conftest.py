@@ -59,15 +59,13 @@ def mitogen_env(part="lab"):
     return {"ANSIBLE_STRATEGY_PLUGINS": strategies, "ANSIBLE_STRATEGY": "mitogen_linear", "ANSIBLE_TIMEOUT": "240"}
 
 
-def run(cmd, timeout=1800, env=None, check=False, plain_ssh=False, part="lab"):
+def run(cmd, timeout=1800, env=None, check=False, part="lab"):
     """Run a command from the top of the checkout; return the CompletedProcess (text, merged output). Ansible
-    commands of a `part` GPUOPS_TEST_MITOGEN puts on mitogen run on its strategy (see MITOGEN_ENV) unless
-    `plain_ssh`."""
+    commands of a `part` that runs on mitogen (see MITOGEN_ENV) get its strategy."""
     full_env = dict(os.environ)
     full_env.setdefault("ANSIBLE_CONFIG", os.path.join(TOP, "ansible.cfg"))
     full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
-    if not plain_ssh:
-        full_env.update(mitogen_env(part))
+    full_env.update(mitogen_env(part))
     full_env.update(env or {})
     proc = subprocess.run(cmd, cwd=TOP, env=full_env, timeout=timeout, text=True, check=False,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -350,14 +348,14 @@ def target_tasks(target):
         target, os.path.join(TARGETS_DIR, target, "tasks", "main.yml"))
 
 
-def run_host_tasks(directory, host, name, tasks, timeout=2400, plain_ssh=False):
+def run_host_tasks(directory, host, name, tasks, timeout=2400):
     """A play of `tasks` on one lab host; the CompletedProcess."""
     playbook = os.path.join(directory, "%s.yml" % name)
     with open(playbook, "w", encoding="utf-8") as handle:
         handle.write("- name: Integration target %s\n  hosts: %s\n  gather_facts: false\n  tasks:\n%s"
                      % (name, host, tasks))
-    return run(["ansible-playbook", "-i", "inventories/lab/", playbook], timeout=timeout, plain_ssh=plain_ssh,
-               part="targets")
+    return run(["ansible-playbook", "-i", "inventories/lab/", playbook], timeout=timeout,
+               part="lab" if name in PLAIN_SSH_TARGETS else "targets")
 
 
 def start_again(host):
@@ -421,7 +419,7 @@ class ModuleTargetsRun:
     def _step(self, name, tasks):
         begun = time.monotonic()
         try:
-            proc = run_host_tasks(self.dir, self.host, name, tasks, plain_ssh=name in PLAIN_SSH_TARGETS)
+            proc = run_host_tasks(self.dir, self.host, name, tasks)
             self._results[name] = (proc.returncode, proc.stdout, time.monotonic() - begun)
         except Exception as exc:  # pylint: disable=broad-except
             self._results[name] = (None, "%s: %s" % (type(exc).__name__, exc), time.monotonic() - begun)
