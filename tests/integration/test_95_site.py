@@ -7,7 +7,7 @@ and hands it to ansible-runner, then reads the job's events. The run here does t
 inventory; one test asserts the run's status, return code and each host's events, the other what the play
 printed: nothing to do on the hosts (no change, no reboot) and every host ready, whichever way the hosts were
 prepared before (molecule scenarios through prepare_hosts.yml, the switch playbook, the drift repair of
-test_90), and the cluster half's labels and KubeVirt entries on the real API server.
+test_86), and the cluster half's labels and KubeVirt entries on the real API server.
 """
 
 import json

@@ -1,8 +1,9 @@
 """Host preparation on a prepared lab host that drifted: the record of the last ready run no longer matches,
 every module runs and repairs the host, and the next run takes the fast path again.
 
-The main job itself (site.yml, no-op on the prepared hosts) runs once, through ansible-runner as AWX runs it,
-in test_95.
+It runs on lab-passthrough as soon as the switch scenario and test_85's runs have left that host (not after the
+whole lab's work): its two plays overlap the power-loss run on lab-vgpu instead of following it. The main job
+itself (site.yml, no-op on the prepared hosts) runs once, through ansible-runner as AWX runs it, in test_95.
 """
 
 import re
@@ -31,7 +32,8 @@ def prepare_passthrough():
     return proc.stdout, int(recap.group(1))
 
 
-def test_a_drifted_host_is_repaired_then_skipped_again(settled_lab):
+def test_a_drifted_host_is_repaired_then_skipped_again(switch_run):
+    assert switch_run is not None and switch_run.results()["switch"][0] == 0, "needs the switch scenario's host"
     # A GPU taken off vfio-pci and a persistence rule deleted behind the collection's back: the record of
     # the last ready run no longer matches, so every module runs and puts both back.
     lab("ssh", "lab-passthrough", "--", "echo %s > /sys/bus/pci/drivers/vfio-pci/unbind; rm -f %s"
