@@ -343,6 +343,16 @@ REBOOT_TASKS = """    - name: Read the running command line and the IOMMU groups
 """
 
 
+# Everything a refused switch (test_85) or a run stopped by another run's lock (test_82) could have touched: boot
+# files, udev rules, this collection's records, the boot loader configuration and the initramfs (by checksum), the
+# running command line, every function's driver and driver_override.
+BOOT_STATE = (
+    "set -e; sha256sum /etc/modprobe.d/* /etc/modules-load.d/* /etc/udev/rules.d/* /etc/default/grub "
+    "/etc/default/grub.d/* /boot/grub/grub.cfg /boot/initrd.img-* $(find /var/lib/gpuops /etc/gpuops -type f "
+    "! -name lock.json 2>/dev/null) 2>/dev/null | sort -k2; cat /proc/cmdline; "
+    "for f in /sys/bus/pci/devices/*; do echo \"$f $(readlink $f/driver || true) $(cat $f/driver_override)\"; done")
+
+
 def target_tasks(target):
     return "    - name: Run %s\n      ansible.builtin.include_tasks: %s\n" % (
         target, os.path.join(TARGETS_DIR, target, "tasks", "main.yml"))

@@ -5,15 +5,16 @@ to the pristine image; check mode (vm_passthrough and vm_vgpu), converge with at
 testinfra verify). They start in the background at the session's start (conftest.LabWork, beside the module
 targets on the spare host) and leave their hosts prepared: the switch scenario then starts at once from the
 vm_passthrough host and the power-loss run from the vm_vgpu host (test_85 and test_87 check them), the
-failure paths here run against lab-container (whose VM has no IOMMU in its firmware), and test_95 runs the
-main job on all four.
+failure paths here run against lab-container (whose VM has no IOMMU in its firmware), then a run stopped by
+another run's lock on the same host (lab-container's work ends first: these plays are off the longest chain, the
+one on lab-passthrough), and test_95 runs the main job on all four.
 """
 
 import re
 
 import pytest
 
-from conftest import SCENARIOS, action_output, console_tail, lab, lab_file, reboots, run
+from conftest import BOOT_STATE, SCENARIOS, action_output, console_tail, lab, lab_file, reboots, run
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +75,26 @@ def test_preflight_failure_changes_nothing(scenario_runs, extra, expected):  # p
     assert "Traceback" not in proc.stdout
     assert "changed=0" in out
     assert host_state("lab-container") == before
+
+
+def test_a_second_run_on_a_held_host_stops_naming_the_first(scenario_runs):  # pylint: disable=unused-argument
+    """Another run holds lab-container (an AWX job, say): prepare_hosts.yml stops on it before any change,
+    naming that run; once that run is gone (its lock broken on request), the play runs and frees the host."""
+    other = "run_id=awx-4711 owner='AWX job 4711 (Prepare GPU nodes, launched by scheduler)'"
+    run(["ansible", "lab-container", "-i", "inventories/lab/", "-m", "gpuops.sandbox.host_lock", "-a", other],
+        check=True)
+    before = lab("ssh", "lab-container", "--", BOOT_STATE, check=True).stdout
+    proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
+                "lab-container"], timeout=1800)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    assert "AWX job 4711 (Prepare GPU nodes, launched by scheduler)" in out and "awx-4711" in out, proc.stdout[-4000:]
+    assert "changed=0" in out and "Traceback" not in proc.stdout
+    assert lab("ssh", "lab-container", "--", BOOT_STATE, check=True).stdout == before
+    # The other run's lock is still there: this run's release left it alone.
+    assert "awx-4711" in lab("ssh", "lab-container", "--", "cat /var/lib/gpuops/lock.json", check=True).stdout
+    proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
+                "lab-container", "-e", "gpuops_host_lock_break=true"], timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "changed=0" in " ".join(proc.stdout.split())
+    assert lab("ssh", "lab-container", "--", "test ! -e /var/lib/gpuops/lock.json", check=False).returncode == 0

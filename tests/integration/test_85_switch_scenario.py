@@ -9,13 +9,14 @@ fails the scenario when a leg keeps anything of the type it left.
 
 import re
 
-from conftest import action_output, console_tail, lab, reboots, run
+from conftest import BOOT_STATE, action_output, console_tail, lab, reboots, run
 
 
 def switched(background, scenario, source, host):
     """The output of a switch scenario that passed: one reboot per switch (side_effect goes there and back). The
     scenario runs no converge or idempotence step: the host's workload scenario made that no-op run before, and
-    after the switch back the held-host test below and test_95's site run find nothing to change."""
+    after the switch back the refused switch below, the drift repair (test_86) and test_95's site run find the host
+    prepared."""
     assert background is not None, "the %s scenario starts from the %s host, whose scenario failed" % (scenario, source)
     rc, out, elapsed = background.results()[scenario]
     assert rc == 0, out[-10000:] + "\n" + console_tail(host)
@@ -37,16 +38,6 @@ def test_dra_switch_scenario(dra_switch_run):
     functions, a GPU behind a PCIe switch): the dra node's checks and those of both legs (the passthrough leg's
     binding and VFIO probe, the dra leg's drivers given back)."""
     assert switched(dra_switch_run, "dra_switch", "dra", "lab-dra") >= 10
-
-
-# Everything a refused switch could have touched: boot files, udev rules, this collection's records, the boot
-# loader configuration and the initramfs (by checksum), the running command line, every function's driver and
-# driver_override.
-BOOT_STATE = (
-    "set -e; sha256sum /etc/modprobe.d/* /etc/modules-load.d/* /etc/udev/rules.d/* /etc/default/grub "
-    "/etc/default/grub.d/* /boot/grub/grub.cfg /boot/initrd.img-* $(find /var/lib/gpuops /etc/gpuops -type f "
-    "! -name lock.json 2>/dev/null) 2>/dev/null | sort -k2; cat /proc/cmdline; "
-    "for f in /sys/bus/pci/devices/*; do echo \"$f $(readlink $f/driver || true) $(cat $f/driver_override)\"; done")
 
 
 def test_refused_switch_changes_nothing(switch_run):
@@ -73,27 +64,3 @@ def test_refused_switch_changes_nothing(switch_run):
         assert lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout == before
     finally:
         lab("ssh", "lab-passthrough", "--", "pkill -xf '%s' || true" % holder)
-
-
-def test_a_second_run_on_a_held_host_stops_naming_the_first(switch_run):
-    """Another run holds lab-passthrough (an AWX job, say): prepare_hosts.yml stops on it before any change,
-    naming that run; once that run is gone (its lock broken on request), the play runs and frees the host."""
-    assert switch_run is not None and switch_run.results()["switch"][0] == 0, "needs the switch scenario's host"
-    other = "run_id=awx-4711 owner='AWX job 4711 (Prepare GPU nodes, launched by scheduler)'"
-    run(["ansible", "lab-passthrough", "-i", "inventories/lab/", "-m", "gpuops.sandbox.host_lock", "-a", other],
-        check=True)
-    before = lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout
-    proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
-                "lab-passthrough"], timeout=1800)
-    out = " ".join(proc.stdout.split())
-    assert proc.returncode != 0, proc.stdout[-4000:]
-    assert "AWX job 4711 (Prepare GPU nodes, launched by scheduler)" in out and "awx-4711" in out, proc.stdout[-4000:]
-    assert "changed=0" in out and "Traceback" not in proc.stdout
-    assert lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout == before
-    # The other run's lock is still there: this run's release left it alone.
-    assert "awx-4711" in lab("ssh", "lab-passthrough", "--", "cat /var/lib/gpuops/lock.json", check=True).stdout
-    proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
-                "lab-passthrough", "-e", "gpuops_host_lock_break=true"], timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "changed=0" in " ".join(proc.stdout.split())
-    assert lab("ssh", "lab-passthrough", "--", "test ! -e /var/lib/gpuops/lock.json", check=False).returncode == 0
