@@ -1,6 +1,7 @@
 """Shared helpers for the integration tests: they run the real lab, playbooks and molecule."""
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -369,7 +370,7 @@ def run_host_tasks(directory, host, name, tasks, timeout=2400):
 
 
 def start_again(host):
-    """`gpulab start` of a host already running: what the lab CLI test (test_10) checks."""
+    """`gpulab start` of a host already running: what the lab CLI test (test_81) checks."""
     before = lab_status()[host]
     started = time.monotonic()
     proc = lab("start", host)
@@ -407,7 +408,7 @@ def crash_and_start(host):
 
 class ModuleTargetsRun:
     """The module targets, one play each, on lab-modules from the pristine image, from the session's start (the
-    tier's longest chain): the host boots, the lab CLI starts it again (a no-op, test_10), kernel_cmdline turns
+    tier's longest chain): the host boots, the lab CLI starts it again (a no-op, test_81), kernel_cmdline turns
     the IOMMU on through grub, the host loses its power and the lab starts it again (test_88), the other targets
     run on the IOMMU-enabled kernel; the host is reset and stopped at the end. All in a thread beside the other
     tests; results() waits for it: {step: (returncode, output, seconds)} for each target and the restart, in
@@ -520,9 +521,52 @@ class LabBoot:
         """Nothing to kill: the lab commands have their own time limits."""
 
 
+class NoNetworkRun:
+    """A host without a NIC (gpulab_network: false) in a lab of its own (state and inventory in a temporary
+    directory, beside the real lab, which it must not touch), started once the lab's boot has ended: it reaches its
+    login prompt and SSH never answers, so the lab reads the guest's rescue report without SSH, starts it again
+    once, and fails with the report (test_81 checks). In a thread: its two boots overlap the other lab work instead
+    of holding the session's first tests (they took about 10 minutes of the tests' own chain, the tier's longest)."""
+
+    def __init__(self, boot=None):
+        self.dir = tempfile.mkdtemp(prefix="gpuops-nonet-")
+        self.state = os.path.join(self.dir, "state")
+        self._results = {}
+        self._thread = threading.Thread(target=self._run, args=(boot,), daemon=True)
+        self._thread.start()
+
+    def _run(self, boot):
+        if boot is not None:
+            boot.wait()
+        inventory = os.path.join(self.dir, "inventory")
+        os.makedirs(inventory)
+        with open(os.path.join(inventory, "hosts.yml"), "w", encoding="utf-8") as handle:
+            handle.write("all:\n  hosts:\n    lab-nonet:\n      gpulab_network: false\n      gpulab_autostart: false\n")
+        env = {"GPUOPS_LAB_STATE": self.state, "GPUOPS_LAB_INVENTORY": inventory, "GPUOPS_LAB_ANSWER_TIMEOUT": "5"}
+        try:
+            try:
+                proc = lab("start", "lab-nonet", env=env, timeout=3600)
+                self._results.update(rc=proc.returncode, out=proc.stdout)
+            finally:
+                lab("stop", "--force", "lab-nonet", env=env, timeout=300)
+            # Still in the thread: the real lab's status, while the real lab runs beside it.
+            self._results["real_status"] = lab("status").stdout
+        except Exception as exc:  # pylint: disable=broad-except
+            self._results["error"] = "%s: %s" % (type(exc).__name__, exc)
+
+    def results(self, timeout=3600):
+        """{"rc", "out", "real_status"} (or {"error"}), and "state": the lab state directory it used."""
+        self._thread.join(timeout)
+        return dict(self._results, state=self.state)
+
+    def kill(self):
+        """Nothing to kill: the lab commands have their own time limits."""
+
+
 class After:
     """A run started on a host once that host's scenario has passed (None when it failed), by a thread that
-    waits for the scenario: the run follows at once, not when a test first asks for it."""
+    waits for the scenario: the run follows at once, not when a test first asks for it. `batch` is a
+    BackgroundRuns, or a callable that returns one (or None) once it exists."""
 
     def __init__(self, batch, scenario, start):
         self.run = None
@@ -530,7 +574,10 @@ class After:
         self._thread.start()
 
     def _follow(self, batch, scenario, start):
-        if batch.wait(scenario) == 0:
+        if callable(batch):
+            # A batch that is itself started by another After (the switch scenario): None when that one did not run.
+            batch = batch()
+        if batch is not None and batch.wait(scenario) == 0:
             self.run = start()
 
     def get(self, timeout=5400):
@@ -546,12 +593,142 @@ class After:
             self.run.kill()
 
 
+class HostSteps:
+    """Named steps, each a callable, run one after the other in a thread: the plays that check a host after its
+    scenario (the preflight failures and a held host on lab-container, the refused switch and the drift repair on
+    lab-passthrough). They used to run in the tests themselves, after the controller's own tests, at the end of
+    the session's longest chain; here they run as soon as their host is free, and the tests read what each saw.
+    results() waits: {name: what the step returned, or {"error": ...} when it raised}."""
+
+    def __init__(self, steps):
+        self._results = {}
+        self.times = {}  # {name: (seconds it took, time.monotonic() when it ended)}
+        self._thread = threading.Thread(target=self._run, args=(list(steps),), daemon=True)
+        self._thread.start()
+
+    def _run(self, steps):
+        for name, step in steps:
+            begun = time.monotonic()
+            try:
+                self._results[name] = step()
+            except Exception as exc:  # pylint: disable=broad-except
+                self._results[name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+            self.times[name] = (time.monotonic() - begun, time.monotonic())
+
+    def results(self, timeout=5400):
+        self._thread.join(timeout)
+        return self._results
+
+    def kill(self):
+        """Nothing to kill: the steps' commands have their own time limits."""
+
+
+def prepare_hosts(host, *extra, timeout=1800):
+    """playbooks/prepare_hosts.yml on one lab host (plain SSH); the CompletedProcess."""
+    return run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit", host]
+               + list(extra), timeout=timeout)
+
+
+# The preflight failures on lab-container (no IOMMU in its firmware): (id, extra arguments, what the play must say).
+PREFLIGHT_FAILURES = [
+    ("iommu-off-in-firmware", ["-e", "gpuops_workload_type=vm-passthrough"],
+     r"no IOMMU table \(no ACPI DMAR or IVRS\).*Nothing was changed"),
+    # A DRA node needs the IOMMU as much: its driver binds the GPU to vfio-pci for a VM's claim.
+    ("dra-iommu-off-in-firmware", ["-e", "gpuops_workload_type=dra"],
+     r"lab-container is a dra node but its firmware has no IOMMU table \(no ACPI DMAR or IVRS\).*Nothing was changed"),
+    ("unsupported-os", ["-e", '{"preflight_supported_os": {"ubuntu": ["24.04"], "rocky": ["9"]}}'],
+     r"ID=debian, VERSION_ID=12\), which is not supported; supported: ubuntu 24.04, rocky 9.*Nothing was changed"),
+    ("bad-workload-type", ["-e", "gpuops_workload_type=gpu-magic"],
+     r"preflight_workload_type must be one of: , container, vm-passthrough, vm-vgpu, dra, got: gpu-magic"),
+]
+HOST_STATE = ("cat /proc/cmdline; ls -l --time-style=+%s /etc/modprobe.d /etc/default/grub.d /etc/modules-load.d "
+              "/etc/udev/rules.d /boot; ls /sys/bus/mdev/devices 2>/dev/null; true")
+
+
+def host_state(host):
+    return lab("ssh", host, "--", HOST_STATE, check=True).stdout
+
+
+def preflight_failure(host, extra):
+    lab("start", host, check=True, timeout=1800)
+    before = host_state(host)
+    proc = prepare_hosts(host, *extra)
+    return {"rc": proc.returncode, "out": proc.stdout, "before": before, "after": host_state(host)}
+
+
+OTHER_RUN = "run_id=awx-4711 owner='AWX job 4711 (Prepare GPU nodes, launched by scheduler)'"
+
+
+def held_host(host):
+    """Another run holds the host (an AWX job, say): prepare_hosts.yml on it, then again with the lock broken."""
+    run(["ansible", host, "-i", "inventories/lab/", "-m", "gpuops.sandbox.host_lock", "-a", OTHER_RUN], check=True)
+    seen = {"before": lab("ssh", host, "--", BOOT_STATE, check=True).stdout}
+    proc = prepare_hosts(host)
+    seen.update(rc=proc.returncode, out=proc.stdout, after=lab("ssh", host, "--", BOOT_STATE, check=True).stdout,
+                lock=lab("ssh", host, "--", "cat /var/lib/gpuops/lock.json", check=True).stdout)
+    proc = prepare_hosts(host, "-e", "gpuops_host_lock_break=true")
+    seen.update(broken_rc=proc.returncode, broken_out=proc.stdout,
+                lock_gone=lab("ssh", host, "--", "test ! -e /var/lib/gpuops/lock.json").returncode == 0)
+    return seen
+
+
+def container_host_steps(host="lab-container"):
+    return HostSteps([("preflight " + name, functools.partial(preflight_failure, host, extra))
+                      for name, extra, _expected in PREFLIGHT_FAILURES] + [("held", functools.partial(held_host, host))])
+
+
+VFIO_HOLDER = "sleep 1800"
+# The lone edu device behind a root port (its own IOMMU group) and the audio function beside the first edu.
+LONE_GPU = "0000:02:00.0"
+AUDIO_RULE = "/etc/udev/rules.d/61-gpuops-vfio-0000:00:03.1.rules"
+
+
+def refused_switch(host):
+    """A process holds the GPU's VFIO group; the switch to container is asked for."""
+    group = lab("ssh", host, "--", "basename $(readlink /sys/bus/pci/devices/0000:00:03.0/iommu_group)",
+                check=True).stdout.strip()
+    seen = {"group": group}
+    if not group.isdigit():
+        return seen
+    lab("ssh", host, "--", "setsid sh -c 'exec 3<>/dev/vfio/%s; exec %s' </dev/null >/dev/null 2>&1 &"
+        % (group, VFIO_HOLDER), check=True)
+    try:
+        seen["pid"] = lab("ssh", host, "--", "sleep 1; pgrep -xf '%s'" % VFIO_HOLDER, check=True).stdout.split()
+        seen["before"] = lab("ssh", host, "--", BOOT_STATE, check=True).stdout
+        proc = prepare_hosts(host, "-e", "gpuops_workload_type=container")
+        seen.update(rc=proc.returncode, out=proc.stdout, after=lab("ssh", host, "--", BOOT_STATE, check=True).stdout)
+    finally:
+        lab("ssh", host, "--", "pkill -xf '%s' || true" % VFIO_HOLDER)
+    return seen
+
+
+def drift(host):
+    """A GPU taken off vfio-pci and a persistence rule deleted behind the collection's back, then two runs."""
+    lab("ssh", host, "--", "echo %s > /sys/bus/pci/drivers/vfio-pci/unbind; rm -f %s" % (LONE_GPU, AUDIO_RULE),
+        check=True)
+    repair = prepare_hosts(host, timeout=2400)
+    seen = {"repair_rc": repair.returncode, "repair_out": repair.stdout,
+            "state": lab("ssh", host, "--", "readlink /sys/bus/pci/devices/%s/driver; ls %s" % (LONE_GPU, AUDIO_RULE),
+                         check=True).stdout}
+    again = prepare_hosts(host, timeout=2400)
+    seen.update(again_rc=again.returncode, again_out=again.stdout)
+    return seen
+
+
+def passthrough_host_steps(host="lab-passthrough"):
+    return HostSteps([("refused switch", functools.partial(refused_switch, host)),
+                      ("drift", functools.partial(drift, host))])
+
+
 class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
     (the image, API server, chart, operator and docs tests): the module targets on lab-modules (the longest
     chain), the four workload-type scenarios on the GPU hosts, then on lab-passthrough the switch scenario, on
-    lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their scenario passed. The lab
-    CLI tests (test_10) and the tests from test_82 on check what each left.
+    lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their scenario passed; the
+    preflight failures and a held host on lab-container after its scenario, the refused switch and the drift repair
+    on lab-passthrough after the switch scenario; a network-less host in a lab of its own once the boot has ended.
+    The tests from test_81 on check what each left: the controller's own tests (test_50 to test_80) run first, from
+    the session's start, and nothing lab-bound runs in the tests themselves but site.yml at the end (test_95).
 
     All at the same priority. Measured 2026-11-26 on 2 cores, with the work beside the module targets at a lower
     one: at nice 5 the scenario hosts got 0.10-0.15 of a core each and update-initramfs on two of them ran past
@@ -570,10 +747,14 @@ class LabWork:
         self.dra_switch = After(self.scenarios, "dra", lambda: BackgroundRuns(
             {"dra_switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
         self.power_loss = After(self.scenarios, "vm_vgpu", PowerLossRun)
+        self.nonet = NoNetworkRun(boot=self.boot)
+        self.container_checks = After(self.scenarios, "container", container_host_steps)
+        self.passthrough_checks = After(self.switch.get, "switch", passthrough_host_steps)
 
     @property
     def parts(self):
-        return [self.boot, self.modules, self.scenarios, self.switch, self.dra_switch, self.power_loss]
+        return [self.boot, self.modules, self.scenarios, self.switch, self.dra_switch, self.power_loss, self.nonet,
+                self.container_checks, self.passthrough_checks]
 
     def settle(self):
         for part in self.parts:
@@ -1053,6 +1234,10 @@ def lab_work_times(work):
     power_loss = work.power_loss.get(timeout=0)
     if power_loss is not None and "elapsed" in power_loss.results(timeout=0):
         parts.append({"part": "power loss run", "seconds": round(power_loss.results(timeout=0)["elapsed"])})
+    for follow in (work.container_checks, work.passthrough_checks):
+        steps = follow.get(timeout=0)
+        for name, (seconds, ended) in dict(steps.times if steps is not None else {}).items():
+            parts.append({"part": name, "seconds": round(seconds), "ended": round(ended - TIMES["started"])})
     parts.insert(0, {"part": "module targets (started)", "seconds": round(offset)})
     return parts
 

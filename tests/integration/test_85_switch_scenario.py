@@ -9,7 +9,7 @@ fails the scenario when a leg keeps anything of the type it left.
 
 import re
 
-from conftest import BOOT_STATE, action_output, console_tail, lab, reboots, run
+from conftest import VFIO_HOLDER, action_output, console_tail, reboots
 
 
 def switched(background, scenario, source, host):
@@ -40,27 +40,24 @@ def test_dra_switch_scenario(dra_switch_run):
     assert switched(dra_switch_run, "dra_switch", "dra", "lab-dra") >= 10
 
 
-def test_refused_switch_changes_nothing(switch_run):
+def passthrough_checks(lab_work):
+    """What the plays on lab-passthrough after the switch scenario saw (conftest.passthrough_host_steps)."""
+    steps = lab_work.passthrough_checks.get()
+    assert steps is not None, "the plays on lab-passthrough follow the switch scenario, which failed"
+    return steps.results()
+
+
+def test_refused_switch_changes_nothing(lab_work):
     """A process holding the GPU's VFIO group: the switch to container is refused by preflight, naming the
     process by its command line, and every file, the initramfs and the boot configuration stay as they were."""
-    assert switch_run is not None and switch_run.results()["switch"][0] == 0, "needs the switch scenario's host"
-    group = lab("ssh", "lab-passthrough", "--", "basename $(readlink /sys/bus/pci/devices/0000:00:03.0/iommu_group)",
-                check=True).stdout.strip()
+    seen = passthrough_checks(lab_work)["refused switch"]
+    assert "error" not in seen, seen["error"]
+    group = seen["group"]
     assert group.isdigit(), group
-    holder = "sleep 1800"
-    lab("ssh", "lab-passthrough", "--",
-        "setsid sh -c 'exec 3<>/dev/vfio/%s; exec %s' </dev/null >/dev/null 2>&1 &" % (group, holder), check=True)
-    try:
-        pid = lab("ssh", "lab-passthrough", "--", "sleep 1; pgrep -xf '%s'" % holder, check=True).stdout.split()
-        assert len(pid) == 1, pid
-        before = lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout
-        proc = run(["ansible-playbook", "playbooks/prepare_hosts.yml", "-i", "inventories/lab/", "--limit",
-                    "lab-passthrough", "-e", "gpuops_workload_type=container"], timeout=1800)
-        out = " ".join(proc.stdout.split())
-        assert proc.returncode != 0, proc.stdout[-4000:]
-        assert "pid %s (%s) holds /dev/vfio/%s" % (pid[0], holder, group) in out, proc.stdout[-4000:]
-        assert "cannot be prepared as a container node" in out and "Nothing was changed" in out
-        assert "changed=0" in out and "Traceback" not in proc.stdout
-        assert lab("ssh", "lab-passthrough", "--", BOOT_STATE, check=True).stdout == before
-    finally:
-        lab("ssh", "lab-passthrough", "--", "pkill -xf '%s' || true" % holder)
+    assert len(seen["pid"]) == 1, seen["pid"]
+    out = " ".join(seen["out"].split())
+    assert seen["rc"] != 0, seen["out"][-4000:]
+    assert "pid %s (%s) holds /dev/vfio/%s" % (seen["pid"][0], VFIO_HOLDER, group) in out, seen["out"][-4000:]
+    assert "cannot be prepared as a container node" in out and "Nothing was changed" in out
+    assert "changed=0" in out and "Traceback" not in seen["out"]
+    assert seen["after"] == seen["before"]

@@ -1,5 +1,8 @@
-"""The lab's commands against real QEMU: no-op start and bad input (the recovery of a crashed host on a taken
-port is checked on the module targets' host, test_88)."""
+"""The lab's commands against real QEMU: no-op start, a host that never answers, and bad input (the recovery of a
+crashed host on a taken port is checked on the module targets' host, test_88).
+
+The two that need booted hosts read what the lab work recorded in the background (conftest.LabWork): they come
+after the controller's own tests, which start at once instead of waiting for the lab's boot."""
 
 import json
 import os
@@ -25,22 +28,15 @@ def test_start_of_a_running_host_is_a_noop(lab_work):
     assert seen["after"]["autostart"] is False
 
 
-def test_a_host_that_boots_and_never_answers_is_reported_and_restarted_once(tmp_path):
-    """A host without a NIC (gpulab_network: false) in a lab of its own (state and inventory under tmp_path,
-    beside the real lab, which it must not touch): it reaches its login prompt and SSH never answers. The lab
-    reads the real guest's rescue report without SSH, starts the host again once, and fails with the report."""
-    inventory = tmp_path / "inventory"
-    inventory.mkdir()
-    (inventory / "hosts.yml").write_text(
-        "all:\n  hosts:\n    lab-nonet:\n      gpulab_network: false\n      gpulab_autostart: false\n")
-    state = tmp_path / "state"
-    env = {"GPUOPS_LAB_STATE": str(state), "GPUOPS_LAB_INVENTORY": str(inventory), "GPUOPS_LAB_ANSWER_TIMEOUT": "5"}
-    try:
-        proc = lab("start", "lab-nonet", env=env, timeout=3600)
-    finally:
-        lab("stop", "--force", "lab-nonet", env=env, timeout=300)
-    out = proc.stdout
-    assert proc.returncode == 1, out
+def test_a_host_that_boots_and_never_answers_is_reported_and_restarted_once(lab_work):
+    """A host without a NIC (gpulab_network: false) in a lab of its own, beside the real lab, which it must not
+    touch (conftest.NoNetworkRun, in the background once the lab's boot has ended): it reaches its login prompt and
+    SSH never answers. The lab reads the real guest's rescue report without SSH, starts the host again once, and
+    fails with the report."""
+    seen = lab_work.nonet.results()
+    assert "error" not in seen, seen["error"]
+    out = seen["out"]
+    assert seen["rc"] == 1, out
     assert "Traceback" not in out
     assert re.search(r"lab-nonet: booted \(its login prompt has been on the console for \d+s\) but SSH on "
                      r"127\.0\.0\.1:\d+ does not answer; what the guest says on its rescue port", out), out
@@ -48,15 +44,15 @@ def test_a_host_that_boots_and_never_answers_is_reported_and_restarted_once(tmp_
     assert "after a cold restart too; what the guest says on its rescue port" in out
     # The real guest's reports (one before the restart, one after), read on its second serial port: no NIC, so
     # no link but the loopback and nothing on the network.
-    with open(state / "lab-nonet" / "rescue.log", encoding="utf-8") as handle:
+    with open(os.path.join(seen["state"], "lab-nonet", "rescue.log"), encoding="utf-8") as handle:
         reports = handle.read().split("=== gpulab-rescue: ")[1:]
     assert len(reports) == 2, reports
     for report in reports:
         assert "--- ip addr" in report and "--- systemctl status ssh systemd-networkd" in report
         assert "1: lo:" in report and "2: " not in report.split("--- ip addr", 1)[1].split("---", 1)[0]
     # The real lab's state and inventory are not the test's.
-    assert "lab-nonet" not in lab("status").stdout
-    assert os.path.isdir(state / "lab-nonet")
+    assert "lab-nonet" not in seen["real_status"]
+    assert os.path.isdir(os.path.join(seen["state"], "lab-nonet"))
 
 
 def test_unknown_host_is_a_clear_error():
