@@ -577,7 +577,9 @@ class After:
         if callable(batch):
             # A batch that is itself started by another After (the switch scenario): None when that one did not run.
             batch = batch()
-        if batch is not None and batch.wait(scenario) == 0:
+        # Waited for as long as the tier may run: a scenario still running after an hour on a slow day is not a
+        # failure of the run that follows it.
+        if batch is not None and batch.wait(scenario, timeout=7200) == 0:
             self.run = start()
 
     def get(self, timeout=5400):
