@@ -52,8 +52,9 @@ from labconfig import (BOOT_TIMEOUT, CACHE, INVENTORY_CONNECTION, INVENTORY_DIR,
                        lab_host_settings, lab_hosts, locked, log, manifest_path, need_tools, select_hosts, tail_text)
 from labhost import Vm, choose_accel, keep_priority, stand_in_devices  # noqa: E402
 from labimage import ensure_image, image_manifest, image_problem  # noqa: E402
-from labnet import (ANSWER_TIMEOUT, NoAnswer, console_size, ssh_cmd, ssh_key, wait_ssh,  # noqa: E402
+from labnet import (ANSWER_TIMEOUT, NoAnswer, close_master, console_size, ssh_cmd, ssh_key, wait_ssh,  # noqa: E402
                     write_inventory)
+from labstate import SavedBootError  # noqa: E402
 from labreboot import follow_reboots  # noqa: E402
 
 # What this module offers besides its commands: the names the unit tests and other callers read from it.
@@ -108,9 +109,13 @@ def cmd_start(args):
                 log("%s: found %s (QEMU %s); restarting it" % (
                     name, state, "gone, pid file left behind" if state == "stale" else "not running the guest"))
                 vm.kill()
+            t0 = time.time()
             port = vm.launch(manifest, accel, pub)
-            log("%s: booting (%s, ssh on 127.0.0.1:%d)" % (name, accel, port))
-            booting.append((vm, port, time.time()))
+            plan = vm.pending
+            log("%s: %s (%s, ssh on 127.0.0.1:%d)" % (
+                name, "restored from its shape's saved boot in %.0fs" % (time.time() - t0)
+                if plan is not None and plan.mode == "restore" else "booting", accel, port))
+            booting.append((vm, port, t0))
     # SSH is awaited outside the lock, so other lab commands are not held up by a slow boot.
     errors = []
 
@@ -118,6 +123,8 @@ def cmd_start(args):
         try:
             what = vm.name + (": booting" if t0 is not None else ": already running; waiting for SSH to answer")
             with Progress(LAB, what, status=lambda: tail_text(vm.serial, 1), say_done=False):
+                if t0 is not None and vm.pending is not None and vm.pending.mode == "restore":
+                    port = told_or_cold(vm, port)
                 try:
                     wait_ssh(vm, port, args.timeout, answer_timeout=ANSWER_TIMEOUT)
                 except NoAnswer as exc:
@@ -130,8 +137,43 @@ def cmd_start(args):
             if t0 is not None:  # None: it was already running (maybe still booting for another command)
                 vm.save_meta(boot_to_ssh=round(time.time() - t0, 1))
                 log("%s: ssh up after %.0fs" % (vm.name, time.time() - t0))
+                finish_pristine(vm, port)
         except LabError as exc:
             errors.append(str(exc))
+
+    def told_or_cold(vm, port):
+        """A host restored from a saved boot is given this lab's key and the time; one that does not take them is
+        booted cold instead (its saved boot discarded). The port it answers on."""
+        try:
+            vm.tell_restored()
+            return port
+        except SavedBootError as exc:
+            log("%s: %s; booting it cold instead" % (vm.name, exc))
+            vm.pending.saved.discard(str(exc))
+            with locked(os.path.join(STATE, "lab.lock")):
+                vm.kill()
+                vm.new_overlay(manifest)
+                return vm.launch(manifest, accel, pub)
+
+    def finish_pristine(vm, port):
+        """What a pristine start does once the guest answers: save it as its shape's boot (a cold boot of a shape
+        not saved yet), then hot-plug the SR-IOV stand-in held back for the save and wait until the guest's
+        driver has it."""
+        plan, vm.pending = vm.pending, None
+        if plan is None:
+            return
+        if plan.mode == "save":
+            vm.save_boot(plan, manifest, port, close_master)
+        if plan.hotplug:
+            started = time.time()
+            address = vm.hotplug_sriov(plan)
+            probe = ("for i in $(seq 600); do [ -e /sys/bus/pci/devices/{a}/driver ] && "
+                     "[ -e /sys/bus/pci/devices/{a}/sriov_totalvfs ] && exit 0; sleep 1; done; exit 1").format(a=address)
+            proc = labconfig.run(ssh_cmd(port, probe), timeout=900, check=False)
+            if proc.returncode != 0:
+                raise LabError("%s: the SR-IOV stand-in hot-plugged at %s did not appear with its driver in the "
+                               "guest within 600s" % (vm.name, address))
+            log("%s: SR-IOV stand-in hot-plugged at %s (%.0fs)" % (vm.name, address, time.time() - started))
 
     def restart_once(vm, exc):
         """A guest that booted and does not answer: its report kept, then one cold start on the same port."""
@@ -141,7 +183,7 @@ def cmd_start(args):
         with locked(os.path.join(STATE, "lab.lock")):
             vm.kill()
             console_from = console_size(vm)
-            vm.launch(manifest, accel, pub, rebooting=True)
+            vm.launch(manifest, accel, pub, rebooting=True)  # every device on its command line: nothing to finish
         return console_from
 
     threads = [threading.Thread(target=waiter, args=item) for item in booting]

@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from labcommon import free_ports, port_free, read_json
+import labstate
 import layout as layout_mod
 from labconfig import (CACHE, CLI, CPUS, INVENTORY_HOSTS, MEMORY_MB, STATE, LabError, image_path, lab_host_settings,
                        log, read_text, run)
@@ -42,12 +43,22 @@ def qemu_base_cmd(name, accel, iommu=True):
     return cmd
 
 
-def stand_in_devices(nvme_serial, layout=None, host="lab host"):
-    """The devices that stand in for GPUs: the host's gpulab_layout, or the default (see lab/layout.py)."""
+def stand_in_devices(nvme_serial, layout=None, host="lab host", hold_sriov=False):
+    """The devices that stand in for GPUs: the host's gpulab_layout, or the default (see lab/layout.py); with
+    `hold_sriov`, without the SR-IOV function's controller (hot-plugged later, see lab/labstate.py)."""
     try:
-        return layout_mod.qemu_args(layout, nvme_serial, host)
+        return layout_mod.qemu_args(layout, nvme_serial, host, hold_sriov=hold_sriov)
     except layout_mod.LayoutError as exc:
         raise LabError("%s (inventory %s)" % (exc, INVENTORY_HOSTS))
+
+
+class PristinePlan:
+    """How a host starts from the pristine image: "restore" (from its shape's saved boot) or "save" (a cold boot,
+    saved once it answers); `hotplug` is (device_add argument, guest address) of the SR-IOV controller to add
+    once the guest runs, or None."""
+
+    def __init__(self, mode, saved, hotplug):
+        self.mode, self.saved, self.hotplug = mode, saved, hotplug
 
 
 def accel_cache_key():
@@ -102,15 +113,22 @@ def probe_kvm(kernel, initrd, seconds=25):
         return ok
 
 
+# The disk and network devices every host has (part of a shape's key, see PristinePlan).
+DISK_DEVICE = ["-device", "virtio-blk-pci,drive=disk0,addr=06.0"]
+NIC_DEVICE = ["-device", "virtio-net-pci,netdev=net0,addr=07.0"]
+
+
 class Vm:
     """One lab host: its overlay disk, QEMU process, SSH port and console log under .lab/<name>."""
+
+    pending = None
 
     def __init__(self, name):
         self.name = name
         self.dir = os.path.join(STATE, name)
         self.disk = os.path.join(self.dir, "disk.qcow2")
         self.pidfile = os.path.join(self.dir, "qemu.pid")
-        self.qmp = os.path.join(self.dir, "qmp.sock")
+        self.qmp_path = os.path.join(self.dir, "qmp.sock")
         self.serial = os.path.join(self.dir, "console.log")
         self.rescue = os.path.join(self.dir, "rescue.sock")
         self.rescue_log = os.path.join(self.dir, "rescue.log")
@@ -163,9 +181,16 @@ class Vm:
 
     def qmp_command(self, command, timeout=10):
         """Send one QMP command; return its answer dict, or None when QEMU does not answer."""
+        return self.qmp(command, timeout_=timeout)
+
+    def qmp(self, command, timeout_=10, **arguments):
+        """Send one QMP command with `arguments`; its answer dict, or None when QEMU does not answer."""
+        message = {"execute": command}
+        if arguments:
+            message["arguments"] = arguments
         try:
-            with self._qmp_session(self.qmp, timeout) as (sock, reader):
-                sock.sendall(json.dumps({"execute": command}).encode() + b"\n")
+            with self._qmp_session(self.qmp_path, timeout_) as (sock, reader):
+                sock.sendall(json.dumps(message).encode() + b"\n")
                 return self._qmp_reply(reader)
         except (OSError, ValueError):
             return None
@@ -197,16 +222,63 @@ class Vm:
             return
         if os.path.exists(self.disk):
             log("%s: the base image changed; starting from a fresh copy of it" % self.name)
+        self.new_overlay(manifest)
+
+    def new_overlay(self, manifest, backing=None):
+        """A new overlay disk on the pristine image, or on `backing` (a saved boot's disk, itself on the image)."""
         os.makedirs(self.dir, exist_ok=True)
         tmp = self.disk + ".tmp"
-        run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", image_path(), tmp], timeout=60)
+        run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2" if backing else "raw", "-b",
+             backing or image_path(), tmp], timeout=60)
         os.replace(tmp, self.disk)
-        self.save_meta(image_id=manifest["id"], created=time.time())
+        self.save_meta(image_id=manifest["id"], created=time.time(), pristine=backing is None)
+
+    def pristine_plan(self, manifest, accel, settings):
+        """How this host starts when its overlay is still the pristine image's (a PristinePlan), or None: a cold
+        boot with every device (a host that has run, saved boots turned off, a host without a network, an SR-IOV
+        function that cannot be hot-plugged)."""
+        if not self.meta().get("pristine") or not labstate.enabled() or settings.get("gpulab_network", True) is False:
+            return None
+        layout = settings.get("gpulab_layout")
+        try:
+            has_sriov = any("sriov" in entry["functions"] for entry in layout_mod.normalise(layout, self.name))
+            hotplug = layout_mod.sriov_hotplug(layout, "gpulab-" + self.name, self.name)
+        except layout_mod.LayoutError as exc:
+            raise LabError("%s (inventory %s)" % (exc, INVENTORY_HOSTS))
+        if has_sriov and hotplug is None:
+            return None
+        iommu = settings.get("gpulab_iommu", True) is not False
+        shape = qemu_base_cmd("gpulab", accel, iommu=iommu) + DISK_DEVICE + NIC_DEVICE + stand_in_devices(
+            "gpulab-shape", layout, self.name, hold_sriov=True)
+        saved = labstate.SavedBoot(labstate.shape_key(manifest["id"], accel, shape))
+        return PristinePlan("restore" if saved.ready() else "save", saved, hotplug)
 
     def launch(self, manifest, accel, pubkey_file, rebooting=False):
         """Start QEMU; its SSH port. ``rebooting``: the guest asked for a restart (follow_reboots), so the host
-        keeps its port and its console log goes on in the same file."""
+        keeps its port and its console log goes on in the same file. A host started from the pristine image is
+        restored from its shape's saved boot, or boots without its SR-IOV controller to be saved (lab/labstate.py):
+        `self.pending` holds that plan (a PristinePlan, None for a cold boot with every device), which
+        finish_pristine carries out once the guest runs."""
         self.ensure_overlay(manifest)
+        settings = lab_host_settings(self.name)
+        plan = None if rebooting else self.pristine_plan(manifest, accel, settings)
+        if plan is not None and plan.mode == "restore":
+            try:
+                return self._launch(manifest, accel, pubkey_file, rebooting, plan)
+            except labstate.SavedBootError as exc:
+                log("%s: %s; booting it cold instead" % (self.name, exc))
+                self.kill()
+                plan.saved.discard(str(exc))
+                self.new_overlay(manifest)
+                plan = PristinePlan("save", plan.saved, plan.hotplug)
+        return self._launch(manifest, accel, pubkey_file, rebooting, plan)
+
+    def _launch(self, manifest, accel, pubkey_file, rebooting, plan):
+        self.pending = plan
+        incoming = []
+        if plan is not None and plan.mode == "restore":
+            self.new_overlay(manifest, backing=plan.saved.disk)
+            incoming = ["-incoming", "exec:cat %s" % labstate._quoted(plan.saved.state)]  # pylint: disable=protected-access
         for attempt in range(1 if rebooting else 3):
             port = self.meta().get("ssh_port")
             if port and not attempt and not rebooting and not port_free(port):
@@ -214,7 +286,7 @@ class Vm:
                 port = None
             if not port or attempt:
                 port = free_ports(1)[0]
-            for path in (self.pidfile, self.qmp, self.events, self.rescue):
+            for path in (self.pidfile, self.qmp_path, self.events, self.rescue):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             # Keep the previous console log for post-mortems.
@@ -226,26 +298,28 @@ class Vm:
             # its own recovery).
             # (QEMU adds a user-network NIC of its own to a machine given none: -nic none.)
             nic = ["-nic", "none"] if settings.get("gpulab_network", True) is False else [
-                "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port,
-                "-device", "virtio-net-pci,netdev=net0,addr=07.0"]
+                "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port] + NIC_DEVICE
             cmd = qemu_base_cmd(self.name, accel, iommu=iommu) + [
                 "-drive", "file=%s,if=none,id=disk0,format=qcow2" % self.disk,
-                "-device", "virtio-blk-pci,drive=disk0,addr=06.0",
-            ] + nic + [
+            ] + DISK_DEVICE + nic + incoming + [
                 "-fw_cfg", "name=opt/gpuops/authorized_keys,file=%s" % pubkey_file,
                 "-chardev", "file,id=console,path=%s,append=on" % self.serial, "-serial", "chardev:console",
                 # The rescue port (ttyS1): the guest's report when SSH does not answer (rescue_report).
                 "-chardev", "socket,id=rescue,path=%s,server=on,wait=off" % self.rescue, "-serial", "chardev:rescue",
-                "-qmp", "unix:%s,server=on,wait=off" % self.qmp,
+                "-qmp", "unix:%s,server=on,wait=off" % self.qmp_path,
                 # A guest's reboot ends this QEMU; follow_reboots starts the host again (see there why).
                 "-qmp", "unix:%s,server=on,wait=off" % self.events, "-action", "reboot=shutdown",
                 "-pidfile", self.pidfile, "-daemonize",
-            ] + stand_in_devices("gpulab-" + self.name, settings.get("gpulab_layout"), self.name)
+            ] + stand_in_devices("gpulab-" + self.name, settings.get("gpulab_layout"), self.name,
+                                 hold_sriov=plan is not None)
             proc = subprocess.run(cmd, timeout=120, check=False, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
             if proc.returncode == 0:
                 keep_priority(self.pid())
-                self.save_meta(ssh_port=port, accel=accel, started=time.time())
+                self.save_meta(ssh_port=port, accel=accel, started=time.time(), pristine=False,
+                               start=("restored from saved boot %s" % plan.saved.key if incoming else "cold boot"))
+                if incoming:
+                    self._wait_restored()
                 self.follow()
                 return port
             err = proc.stderr.strip()
@@ -254,6 +328,91 @@ class Vm:
                 continue
             raise LabError("%s: QEMU did not start (rc=%s): %s" % (self.name, proc.returncode, err))
         raise LabError("%s: no free SSH port found after 3 tries" % self.name)
+
+    def _wait_restored(self, timeout=600):
+        """Wait until QEMU has loaded the saved boot and runs the guest; SavedBootError when it does not."""
+        deadline = time.monotonic() + timeout
+        status = None
+        while time.monotonic() < deadline:
+            if not self.process_alive():
+                raise labstate.SavedBootError("QEMU stopped while loading the saved boot")
+            reply = self.qmp("query-status") or {}
+            status = (reply.get("return") or {}).get("status")
+            if status == "running":
+                return
+            if status == "paused":
+                # The state was saved from a paused guest (see SavedBoot.save): QEMU keeps it paused.
+                self.qmp("cont")
+                continue
+            if status not in (None, "inmigrate"):
+                raise labstate.SavedBootError("QEMU is %s after loading the saved boot" % status)
+            time.sleep(0.5)
+        raise labstate.SavedBootError("QEMU did not load the saved boot within %ds (%s)" % (timeout, status))
+
+    # -- a pristine start, once the guest runs (see launch) -----------------------------------------
+    def tell_restored(self, timeout=300):
+        """A guest restored from a saved boot: install this lab's key and set its clock, through the rescue port
+        (SSH does not take this lab's key yet). SavedBootError when the guest does not confirm both."""
+        for request, done in (("keys", "=== keys ok"), ("clock %d" % int(time.time()), "=== clock ok")):
+            answer = self.rescue_request(request, ("=== %s " % request.split()[0],), timeout)
+            if done not in answer:
+                raise labstate.SavedBootError("the restored guest did not confirm `%s` on its rescue port: %s"
+                                              % (request.split()[0], answer.strip()[-200:] or "no answer"))
+
+    def save_boot(self, plan, manifest, port, close_ssh):
+        """Save this host, just booted from the pristine image and answering, as its shape's boot, unless another
+        host saves it now or it is there. `close_ssh(port)` ends the lab's shared SSH connection first (an open
+        connection would be saved half-open). Logs what it did; a refusal is logged, not raised."""
+        with plan.saved.writer() as mine:
+            if not mine:
+                return
+            close_ssh(port)
+            time.sleep(2)
+            try:
+                seconds = plan.saved.save(self, manifest["id"])
+            except labstate.SavedBootError as exc:
+                log("%s: not saved (%s); the next pristine start boots cold again" % (self.name, exc))
+                return
+            log("%s: saved as the boot of its shape (%s, %.0f MiB, %.0fs); pristine hosts of this shape start from "
+                "it" % (self.name, plan.saved.key, os.path.getsize(plan.saved.state) / 1048576.0, seconds))
+
+    def hotplug_sriov(self, plan):
+        """Add the SR-IOV controller held back from the command line (hot-plug on its port); the guest address it
+        should appear at."""
+        spec, address = plan.hotplug
+        reply = self.qmp("human-monitor-command", **{"command-line": "device_add %s,id=gpulab-sriov" % spec})
+        text = ((reply or {}).get("return") or "") if reply and "error" not in reply else json.dumps(reply)
+        if reply is None or "error" in reply or text.strip():
+            raise LabError("%s: QEMU did not hot-plug the SR-IOV stand-in (%s): %s" % (self.name, spec, text.strip()))
+        return address
+
+    def rescue_request(self, request, marks, timeout):
+        """Send one line on the rescue port; the text received until a line starting with one of `marks` ends,
+        or until `timeout`."""
+        chunks = []
+        deadline = time.monotonic() + timeout
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(self.rescue)
+                sock.sendall(request.encode() + b"\n")
+                while time.monotonic() < deadline:
+                    sock.settimeout(max(1.0, min(5.0, deadline - time.monotonic())))
+                    try:
+                        data = sock.recv(4096)
+                    except socket.timeout:
+                        # A guest paused by the host or slow to read: the request is asked again.
+                        sock.sendall(request.encode() + b"\n")
+                        continue
+                    if not data:
+                        break
+                    chunks.append(data)
+                    text = b"".join(chunks).decode("utf-8", "replace")
+                    if any(mark in text and text.endswith("\n") for mark in marks):
+                        break
+        except OSError as exc:
+            return "(the rescue port cannot be reached: %s)" % exc
+        return b"".join(chunks).decode("utf-8", "replace").replace("\r", "")
 
     def kill(self, graceful_seconds=0):
         """Power the VM off: ACPI power button first (when graceful), then QEMU quit, then SIGKILL."""
@@ -272,7 +431,7 @@ class Vm:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid(), signal.SIGKILL)
                 time.sleep(1)
-        for path in (self.pidfile, self.qmp, self.events, self.rescue):
+        for path in (self.pidfile, self.qmp_path, self.events, self.rescue):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 

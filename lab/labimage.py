@@ -223,11 +223,25 @@ KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org
     # The rescue port: when a host does not answer SSH, the lab asks on the second serial port (ttyS1, a socket
     # of the lab's: .lab/<host>/rescue.sock) and this answers with a fixed report of the services and the network
     # SSH needs. It reads requests only, runs no command it is sent, and waits in a blocked read when idle.
+    # Two more fixed requests serve a host restored from a saved boot (lab/labstate.py), before SSH: `keys`
+    # installs the key of the QEMU it now runs in (fw_cfg comes from the new QEMU's command line, the saved guest
+    # holds the key of the lab that saved it), `clock SECONDS` sets the clock (the saved guest's clock stood still
+    # since the save), SECONDS digits only.
     write_file(rootfs, "/usr/local/sbin/gpulab-rescue", """#!/bin/sh
 exec 3<>/dev/ttyS1
 stty -echo <&3 2>/dev/null || true
 while IFS= read -r line <&3; do
   case "$line" in
+    keys*)
+      if /usr/local/sbin/gpulab-keys >/dev/null 2>&1; then echo "=== keys ok" >&3; else echo "=== keys failed" >&3; fi
+      ;;
+    'clock '*)
+      secs=${line#clock }
+      case "$secs" in
+        ''|*[!0-9]*) echo "=== clock refused" >&3 ;;
+        *) if date -u -s "@$secs" >/dev/null 2>&1; then echo "=== clock ok" >&3; else echo "=== clock failed" >&3; fi ;;
+      esac
+      ;;
     report*)
       {
         echo "=== gpulab-rescue: $(hostname) up $(cut -d' ' -f1 /proc/uptime)s, load $(cut -d' ' -f1-3 /proc/loadavg)"

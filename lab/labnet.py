@@ -43,6 +43,15 @@ def ssh_cmd(port, *remote, connect_timeout=10):
             "-o", "ConnectTimeout=%d" % connect_timeout, SSH_USER + "@127.0.0.1"] + list(remote)
 
 
+def close_master(port):
+    """End the lab's shared SSH connection to the host on `port`, if there is one."""
+    cmd = ssh_cmd(port)
+    cmd[-1:-1] = ["-O", "exit"]
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(cmd, timeout=30, check=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+
 # How long a guest that has booted (its login prompt is on the console) may leave SSH unanswered before the lab
 # calls it stuck: under a starved machine sshd was seen answering about 300 s after the prompt (2026-11-27).
 ANSWER_TIMEOUT = int(os.environ.get("GPUOPS_LAB_ANSWER_TIMEOUT", "600"))

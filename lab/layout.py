@@ -113,8 +113,10 @@ def _function_args(kind, bus, slot, function, count, nvme_serial):
     return ["-device", spec]
 
 
-def qemu_args(layout, nvme_serial, host="lab host"):
-    """The QEMU arguments of a layout (the boot VGA device first)."""
+def qemu_args(layout, nvme_serial, host="lab host", hold_sriov=False):
+    """The QEMU arguments of a layout (the boot VGA device first). With `hold_sriov`, the SR-IOV function's
+    controller is left out (its subsystem and its port stay): QEMU cannot save a machine that has one, so a host
+    started from a saved boot gets it hot-plugged afterwards (sriov_hotplug)."""
     args = ["-vga", "std"]
     chassis = 0
     for entry in normalise(layout, host):
@@ -133,8 +135,44 @@ def qemu_args(layout, nvme_serial, host="lab host"):
                          "-device", "xio3130-downstream,id=%s,bus=%s,chassis=%d,slot=0" % (down, up, chassis)]
                 bus = down
         for function, kind in enumerate(functions):
-            args += _function_args(kind, bus, dev_slot, function, len(functions), nvme_serial)
+            more = _function_args(kind, bus, dev_slot, function, len(functions), nvme_serial)
+            args += more[:2] if kind == "sriov" and hold_sriov else more
     return args
+
+
+def sriov_hotplug(layout, nvme_serial, host="lab host"):
+    """(device_add argument, guest address) of the layout's SR-IOV function, or None without one. Only a function
+    alone in its slot behind a root port or a switch can be hot-plugged (a slot of its own on a hot-plug capable
+    port); the others return None and keep the controller on the command line (see hold_sriov)."""
+    for entry in normalise(layout, host):
+        if "sriov" in entry["functions"]:
+            if entry["behind"] == "bus" or len(entry["functions"]) != 1:
+                return None
+            args = qemu_args([{"slot": "%02x" % entry["slot"], "behind": entry["behind"], "functions": ["sriov"]}],
+                             nvme_serial, host)
+            # The ports are numbered in slot order (chassis 1, 2...): the spec's bus is renamed to this layout's.
+            spec = args[-1]
+            port = _port_of(layout, entry["slot"], host)
+            spec = ",".join("bus=%s" % port if part.startswith("bus=") else part for part in spec.split(","))
+            return spec, guest_addresses(layout, host)["sriov"][0]
+    return None
+
+
+def _port_of(layout, slot, host):
+    """The QEMU id of the bus the device in root-bus `slot` sits on (its root port, or the switch's downstream
+    port), as qemu_args names it."""
+    chassis = 0
+    for entry in normalise(layout, host):
+        if entry["behind"] == "bus":
+            continue
+        chassis += 1
+        port = "rp%d" % chassis
+        if entry["behind"] == "switch":
+            chassis += 1
+            port = "dn%d" % chassis
+        if entry["slot"] == slot:
+            return port
+    raise LayoutError("%s: no port in slot %02x" % (host, slot))
 
 
 def guest_addresses(layout, host="lab host"):
