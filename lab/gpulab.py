@@ -22,7 +22,7 @@ Commands: image, start, stop, reset, status, ssh, info, inventory. Run with --he
 
 The parts live beside this script, which holds the commands: labconfig.py (settings, error, the inventory's
 hosts), labhost.py (QEMU and the Vm class), labimage.py (the base image), labnet.py (SSH and the connection
-inventory) and labreboot.py (the reboot follower).
+inventory), labreboot.py (the reboot follower) and labstate.py (the saved boots a pristine host starts from).
 """
 
 from __future__ import annotations
