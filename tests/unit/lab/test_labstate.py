@@ -154,7 +154,7 @@ def guest_rescue(path, answers):
 
     def serve():
         with server:
-            for _ in answers:
+            for _answer in answers:
                 conn = server.accept()[0]
                 with conn:
                     line = conn.recv(4096).decode()
