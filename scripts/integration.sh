@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# The integration tier (make integration) as two pytest sessions at once:
+#   - the main session: every test but those below; it starts the lab's work in the background (the scenarios,
+#     the module targets and what follows them), runs the API server, chart and operator tests meanwhile, reads
+#     what the lab work saw and ends with site.yml;
+#   - beside it, the controller's tests that need neither the lab nor an API server (the vGPU Manager image built
+#     and pushed to a registry on loopback, the execution environment's context, the docs site, galaxy-importer),
+#     at the lab's priority, with a temporary directory of its own; its output is printed in one piece at the end.
+# Measured 2026-11-28: the lab's work ended 1806 s into the tier and the main session's own chain of tests 2493 s,
+# the machine about half idle in between; those two files were 410 s of that chain.
+# Extra arguments go to both sessions. Exits non-zero when either session failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+beside=(tests/integration/test_50_vgpu_manager_image.py tests/integration/test_80_ee_docs_importer.py)
+mkdir -p .build
+log=.build/integration-beside.log
+GPUOPS_TEST_BOOST=0 GPUOPS_TEST_TIMES_JSON=.build/test-times-integration-beside.json \
+    pytest -q -p no:cacheprovider --basetemp=.build/pytest-beside --durations=0 "$@" "${beside[@]}" >"$log" 2>&1 &
+beside_pid=$!
+
+ignore=()
+for path in "${beside[@]}"; do
+    ignore+=(--ignore "$path")
+done
+pytest -q --durations=0 "$@" "${ignore[@]}" tests/integration
+rc=$?
+
+wait "$beside_pid"
+beside_rc=$?
+echo
+echo "=== the controller's tests beside the main session (${beside[*]}): exit status $beside_rc"
+cat "$log"
+if [ "$rc" -eq 0 ]; then
+    rc=$beside_rc
+fi
+exit "$rc"
