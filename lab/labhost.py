@@ -62,8 +62,7 @@ class PristinePlan:
 
 
 def accel_cache_key():
-    qemu = run(["qemu-system-x86_64", "--version"], timeout=30).stdout.splitlines()[0]
-    return "%s|%s" % (os.uname().release, qemu)
+    return "%s|%s" % (os.uname().release, labstate.qemu_version())
 
 
 def choose_accel(kernel=None, initrd=None):
@@ -278,7 +277,7 @@ class Vm:
         incoming = []
         if plan is not None and plan.mode == "restore":
             self.new_overlay(manifest, backing=plan.saved.disk)
-            incoming = ["-incoming", "exec:cat %s" % labstate._quoted(plan.saved.state)]  # pylint: disable=protected-access
+            incoming = ["-incoming", "exec:cat %s" % labstate.quoted(plan.saved.state)]
         for attempt in range(1 if rebooting else 3):
             port = self.meta().get("ssh_port")
             if port and not attempt and not rebooting and not port_free(port):

@@ -119,7 +119,7 @@ class SavedBoot:
         os.makedirs(self.dir, exist_ok=True)
         try:
             vm.qmp("stop")
-            reply = vm.qmp("migrate", uri="exec:cat > %s" % _quoted(tmp_state))
+            reply = vm.qmp("migrate", uri="exec:cat > %s" % quoted(tmp_state))
             if not reply or "error" in reply:
                 raise SavedBootError("%s: QEMU did not save it: %s" % (vm.name, _why(reply)))
             deadline = time.monotonic() + timeout
@@ -161,7 +161,8 @@ def prune(keep, image_id):
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _quoted(path):
+def quoted(path):
+    """`path` quoted for the shell of an exec: migration URI."""
     return "'" + path.replace("'", "'\\''") + "'"
 
 
