@@ -191,13 +191,22 @@ def plan_grub(ctx):
     old_segments = [split_cmdline(current[name]) for name in GRUB_VARS]
     ctx.prepare(old_segments[0] + old_segments[1])
     new_segments = ctx.apply(old_segments)
-    # Only the variables whose result differs from what the other files give are pinned: once nothing
-    # differs (for example after state=absent gave the distribution's values back), the drop-in goes.
+    # Only the variables whose result differs from what the other files give are in the drop-in: once nothing
+    # differs (for example after state=absent gave the distribution's values back), the drop-in goes. A result
+    # that is the other files' value with arguments added extends that value rather than copying it, so what the
+    # user wrote there (a vfio-pci.ids= claim, a console) stays in their file, under their control; only a result
+    # that takes something off their value is set in full.
     wanted = {}
+    extends = {}
     for name, old, new in zip(GRUB_VARS, old_segments, new_segments):
-        if split_cmdline(base[name]) != new:
+        below = split_cmdline(base[name])
+        if below == new:
+            continue
+        if new[:len(below)] == below:
+            extends[name] = " ".join(new[len(below):])
+        else:
             wanted[name] = current[name] if old == new else " ".join(new)
-    new_text = render_grub_dropin(wanted, ORIGIN) if wanted else None
+    new_text = render_grub_dropin(wanted, ORIGIN, extends) if wanted or extends else None
     old_text = read_text(dropin)
 
     trial, _assignments = evaluate_grub_defaults(ctx.root, {dropin: new_text})

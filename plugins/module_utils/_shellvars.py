@@ -340,15 +340,24 @@ def set_grub_variables(text, path, new_values):
     return text
 
 
-def render_grub_dropin(values, origin):
-    """Text of the module's own drop-in: a header, then one assignment per variable in ``values``."""
+def render_grub_dropin(values, origin, extends=None):
+    """Text of the module's own drop-in: a header, then one assignment per variable in ``values`` or ``extends``.
+
+    A variable in ``values`` is set to that full value (an argument taken off the files before stays off); one in
+    ``extends`` keeps what the files before give it and has that text appended (``NAME="${NAME} text"``), so an
+    argument the user wrote there stays theirs: edited or removed where they wrote it, never frozen in a copy.
+    """
+    extends = extends or {}
     lines = [
         "# Managed by %s; edits here are overwritten." % origin,
-        "# Sourced by grub-mkconfig after /etc/default/grub and the earlier grub.d/*.cfg files; it sets",
-        "# the full value of each variable below so that arguments removed on request stay removed.",
+        "# Sourced by grub-mkconfig after /etc/default/grub and the earlier grub.d/*.cfg files. A variable below",
+        "# that starts with its own value only adds arguments to it; one set to a full value also takes arguments",
+        "# off what the files before it say.",
     ]
     for name in GRUB_VARS:
-        if name in values:
+        if name in extends:
+            lines.append('%s="${%s} %s' % (name, name, shell_quote(extends[name])[1:]))
+        elif name in values:
             lines.append("%s=%s" % (name, shell_quote(values[name])))
     return "\n".join(lines) + "\n"
 

@@ -827,8 +827,10 @@ def plan_unbind(addresses, root="/", include_group=False, remove_claims=False, r
 
     A function the host claims for vfio-pci outside this module (:func:`find_claims`) is refused, unless
     ``remove_claims``: then the plan also holds ``claim_files`` and ``cmdline_claims`` (:func:`claim_changes`)
-    for every function considered, and only a function claimed on the kernel command line that would be left to
-    the kernel's probe is refused (the probe would give it straight back to vfio-pci).
+    for every function considered. A function claimed on the kernel command line that has no host driver to
+    bind now is not probed (the probe would give it straight back to vfio-pci): it is left on no driver until
+    the boot without the claim, and its step's ``until_boot`` lists the host modules modules.alias gives for it
+    (the kernel's choice at that boot; empty when none).
     """
     entries = {}
     for address in addresses:
@@ -868,6 +870,7 @@ def plan_unbind(addresses, root="/", include_group=False, remove_claims=False, r
             restore_to, modules, loaded = host_driver(addr, root, release, aliases)
             step["probe"] = restore_to is None
             step["no_host_driver"] = None if restore_to else _no_host_driver(modules, loaded)
+            step["host_modules"] = modules
         step["restore_to"] = restore_to
         if on_vfio:
             busy = holders_problem(state, root)
@@ -880,12 +883,12 @@ def plan_unbind(addresses, root="/", include_group=False, remove_claims=False, r
             continue
         on_cmdline = [c["entry"] for c in claims if c["kind"] == "cmdline"]
         if on_cmdline and step["probe"] and step.get("no_host_driver"):
-            problems.append("%s (%s:%s) is claimed for vfio-pci by vfio-pci.ids=%s on the kernel command line, which "
-                            "this module cannot take off at once, and has no record of its original driver: %s, and "
-                            "the kernel's probe would give it straight back to vfio-pci. Load its host driver first "
-                            "(modprobe), or take vfio-pci.ids off the kernel command line (the kernel_cmdline module "
-                            "with state=absent) and reboot" % (addr, state["vendor"], state["device"],
-                                                               ",".join(on_cmdline), step["no_host_driver"]))
+            # No host driver to bind now, and the kernel's probe would give it straight back to vfio-pci while
+            # vfio-pci.ids is on the running command line: it is left on no driver until the boot without the
+            # claim (cmdline_claims), when the kernel probes the driver modules.alias gives (if any, and not
+            # blacklisted).
+            step["probe"] = False
+            step["until_boot"] = step["host_modules"]
     if problems:
         raise VfioError("refusing to change anything: " + "; ".join(problems))
     ordered = _ordered(entries.values())

@@ -16,10 +16,14 @@ description:
     C(vfio-pci.ids=10de:2236) in the persistent boot configuration, then regenerates it.
   - Backends. C(grub) (Debian, Ubuntu) computes the command line that C(grub-mkconfig) sees after
     C(/etc/default/grub) and every C(/etc/default/grub.d/*.cfg) drop-in, and writes the result into a
-    drop-in of its own, C(/etc/default/grub.d/99-gpuops-sandbox.cfg), which sets the full value of
-    C(GRUB_CMDLINE_LINUX) and/or C(GRUB_CMDLINE_LINUX_DEFAULT) (only the variables whose value it had to
-    change); then it runs C(update-grub), or C(grub-mkconfig -o /boot/grub/grub.cfg) when C(update-grub)
-    is missing. A record that C(grub.cfg) is due, C(/var/lib/gpuops/pending/bootloader.json), is synced to disk
+    drop-in of its own, C(/etc/default/grub.d/99-gpuops-sandbox.cfg), for C(GRUB_CMDLINE_LINUX) and/or
+    C(GRUB_CMDLINE_LINUX_DEFAULT) (only the variables whose value it had to change); then it runs
+    C(update-grub), or C(grub-mkconfig -o /boot/grub/grub.cfg) when C(update-grub) is missing.
+  - When the change only adds arguments to what the other files give a variable, the drop-in appends them to
+    that value (C(GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt")), so the arguments written by hand in
+    C(/etc/default/grub) (say a C(vfio-pci.ids=) claim) stay there, where their author edits or removes them,
+    and are not copied into this module's file. Only a change that takes an argument off, or replaces a value,
+    sets the variable's full value in the drop-in. A record that C(grub.cfg) is due, C(/var/lib/gpuops/pending/bootloader.json), is synced to disk
     before the drop-in is written and removed once the command succeeded; a run cut short in between (a power
     loss, a killed controller) leaves it, and the next run generates C(grub.cfg) again although the drop-in
     already holds the requested line.

@@ -46,6 +46,9 @@ description:
     The claims are C(vfio-pci.ids=) on the running kernel's command line, C(options vfio-pci ids=) in a
     modprobe.d directory, and a driverctl override (C(/etc/driverctl.d/pci-<address>)). O(remove_claims)
     removes them instead.
+  - With O(state=present), such claims are left where the host's owner wrote them (this module writes its own
+    record and rule beside them) and are named in RV(host_claims) and a warning, since giving those functions
+    back later takes O(remove_claims).
   - Processes holding a device node are named by PID and full command line.
 author:
   - gpuops.sandbox contributors (@gpuops)
@@ -132,9 +135,10 @@ options:
         must be rebuilt.
       - The kernel command line cannot be changed here. Each C(vfio-pci.ids=) argument of the running kernel that
         claims one of the functions is returned in RV(cmdline_claims), for M(gpuops.sandbox.kernel_cmdline) to
-        take off (and a reboot). A function so claimed is given back only to a host driver bound explicitly (its
-        record, or the one loaded driver modules.alias gives); when there is none the function is refused, as the
-        kernel's probe would give it straight back to vfio-pci.
+        take off (and a reboot). A function so claimed goes back only to a host driver bound explicitly (its
+        record, or the one loaded driver modules.alias gives), never to the kernel's probe, which would give it
+        straight back to vfio-pci; when there is no such driver it is taken off vfio-pci and left on no driver
+        until the boot without the claim, when the kernel probes its driver (RV(devices[].until_boot)).
       - An entry is removed whole, so every function it matches (say every GPU of one model) is no longer claimed
         at the next boot, including functions that are not selected.
       - Ignored with O(state=present).
@@ -299,6 +303,16 @@ devices:
       description: Whether the function's binding changed (or would change in check mode).
       type: bool
       sample: true
+    until_boot:
+      description:
+        - With O(remove_claims), for a function claimed by C(vfio-pci.ids=) on the running kernel's command line
+          that has no host driver to bind now (none recorded, and not exactly one loaded that modules.alias gives),
+          it is taken off vfio-pci and left on no driver until the host boots without the claim, and this lists the
+          host modules modules.alias gives for it, among which the kernel chooses at that boot (empty when none,
+          as for a device no host driver supports). Null for every other function.
+      type: list
+      elements: str
+      sample: [nouveau]
 persistent_files:
   description: The udev rules of the considered functions that exist after the run (or would, in check mode).
   returned: always
@@ -331,6 +345,19 @@ reboot_required:
   returned: always
   type: bool
   sample: false
+host_claims:
+  description:
+    - With O(state=present), the functions considered that the host also claims for vfio-pci by its own settings
+      (C(vfio-pci.ids=) on the running kernel's command line, C(options vfio-pci ids=) in modprobe.d, a driverctl
+      override), each with its claims; a warning names them too. They are left as they are. Giving such a function
+      back later takes O(remove_claims) with O(state=absent). Not returned with O(state=absent).
+  returned: when O(state=present)
+  type: list
+  elements: dict
+  sample:
+    - address: "0000:65:00.0"
+      claims: ["vfio-pci.ids=10de:2236 on the kernel command line (/proc/cmdline; put there by the boot configuration,
+                e.g. /etc/default/grub)"]
 cmdline_claims:
   description:
     - With O(remove_claims) and O(state=absent), the C(vfio-pci.ids=) arguments of the running kernel's command line
@@ -515,6 +542,7 @@ def summarize(plan, root, check_mode):
             "address": entry["address"], "vendor": state["vendor"], "device": state["device"],
             "class": state["class"], "iommu_group": state["group"], "role": entry["role"],
             "before": entry["before"], "after": after, "changed": entry["action"] != "none",
+            "until_boot": entry.get("until_boot"),
         })
     return devices
 
@@ -531,6 +559,16 @@ def existing_after(plan, changes, root, path_of):
         elif _persist.read_text(root, path) is not None:
             paths.append(path)
     return paths
+
+
+def host_claims(plan, root):
+    """The functions considered that the host claims for vfio-pci by its own settings, with those claims."""
+    found = []
+    for entry in plan["devices"]:
+        claims = _vfio.vfio_claims(entry["state"], root)
+        if claims:
+            found.append({"address": entry["address"], "claims": claims})
+    return found
 
 
 def run(module, root="/", release=None):
@@ -570,6 +608,14 @@ def run(module, root="/", release=None):
         for path, old, new in changes:
             result["diff"].append({"before_header": path, "after_header": path,
                                    "before": old or "", "after": new or ""})
+    if params["state"] == "present":
+        result["host_claims"] = host_claims(plan, root)
+        if result["host_claims"]:
+            module.warn("%s: these functions are also claimed for vfio-pci by the host's own settings, which this "
+                        "module leaves where they are. To give them back to their host drivers later, run "
+                        "state=absent with remove_claims=true: it removes those claims (a vfio-pci.ids= argument "
+                        "through kernel_cmdline and a reboot)"
+                        % "; ".join("%s by %s" % (c["address"], " and ".join(c["claims"])) for c in result["host_claims"]))
     result["loaded_modules"] = load_drivers(module, to_load)
     if module.check_mode or not result["changed"]:
         result["devices"] = summarize(plan, root, True)

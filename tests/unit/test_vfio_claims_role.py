@@ -35,12 +35,18 @@ def test_vfio_release_passes_the_input_to_vfio_bind(inputs, wanted):
     assert templar(found).template(trusted(release["gpuops.sandbox.vfio_bind"]["remove_claims"])) is wanted
 
 
-REMOVE = "Take the vfio-pci.ids arguments that claimed the GPUs given back off the kernel command line"
+REMOVE = "Take this collection's IOMMU arguments and the GPUs' vfio-pci.ids claims off the kernel command line"
 REPLACE = "Keep only the other devices' entries in the vfio-pci.ids arguments that claimed the GPUs given back"
+IOMMU_OFF = ["intel_iommu=on", "amd_iommu=on", "iommu=pt"]
+
+
+def host(workload_type, managed_cmdline=()):
+    return {"host_prepare_workload_type": workload_type,
+            "gpu_facts_host": {"managed_files": {"kernel_cmdline": list(managed_cmdline)}}}
 
 
 def test_the_cmdline_claims_go_to_kernel_cmdline():
-    found = {"__host_prepare_vfio_unbind": {"changed": True, "cmdline_claims": CLAIMS}}
+    found = dict(host("vm-vgpu"), __host_prepare_vfio_unbind={"changed": True, "cmdline_claims": CLAIMS})
     remove, replace = task("tasks/boot.yml", REMOVE), task("tasks/boot.yml", REPLACE)
     assert when(with_vars(found, remove), remove) and when(with_vars(found, replace), replace)
     args = templar(with_vars(found, remove)).template(trusted(remove["gpuops.sandbox.kernel_cmdline"]))
@@ -49,12 +55,29 @@ def test_the_cmdline_claims_go_to_kernel_cmdline():
     assert args == {"arguments": ["vfio_pci.ids=8086:1234"]}
 
 
+def test_a_container_node_takes_the_iommu_arguments_and_the_claims_off_in_one_change():
+    remove = task("tasks/boot.yml", REMOVE)
+    managed = ["/etc/default/grub.d/99-gpuops-sandbox.cfg"]
+    found = dict(host("container", managed), __host_prepare_vfio_unbind={"changed": True, "cmdline_claims": CLAIMS})
+    assert when(with_vars(found, remove), remove)
+    args = templar(with_vars(found, remove)).template(trusted(remove["gpuops.sandbox.kernel_cmdline"]))
+    assert args == {"arguments": IOMMU_OFF + ["vfio-pci.ids=10de:2236,10de:1aef"], "state": "absent"}
+    # no claim: only the IOMMU arguments; nothing of this collection's on the command line: only the claims
+    found = host("container", managed)
+    args = templar(with_vars(found, remove)).template(trusted(remove["gpuops.sandbox.kernel_cmdline"]))
+    assert when(with_vars(found, remove), remove) and args["arguments"] == IOMMU_OFF
+    found = dict(host("container"), __host_prepare_vfio_unbind={"changed": True, "cmdline_claims": CLAIMS})
+    args = templar(with_vars(found, remove)).template(trusted(remove["gpuops.sandbox.kernel_cmdline"]))
+    assert when(with_vars(found, remove), remove) and args["arguments"] == ["vfio-pci.ids=10de:2236,10de:1aef"]
+
+
 @pytest.mark.parametrize("found", [{}, {"__host_prepare_vfio_unbind": {"changed": False, "cmdline_claims": []}},
                                    {"__host_prepare_vfio_unbind": {"changed": True, "files_changed": []}}])
-def test_no_cmdline_claim_no_kernel_cmdline_call(found):
+@pytest.mark.parametrize("workload_type", ["container", "vm-vgpu", "dra"])
+def test_no_cmdline_claim_no_kernel_cmdline_call(found, workload_type):
     for name in (REMOVE, REPLACE):
         entry = task("tasks/boot.yml", name)
-        assert not when(with_vars(found, entry), entry)
+        assert not when(with_vars(dict(found, **host(workload_type)), entry), entry)
 
 
 def removal_task(found):
@@ -75,16 +98,27 @@ def test_a_modprobe_d_claim_removed_rebuilds_the_initramfs():
 def reboot_facts(**registered):
     entry = task("tasks/boot.yml", "Record why the host needs a reboot")
     names = ["__host_prepare_nouveau", "__host_prepare_vfio_modules", "__host_prepare_vfio_modules_removed",
-             "__host_prepare_cmdline", "__host_prepare_cmdline_removed", "__host_prepare_claims_removed",
-             "__host_prepare_claims_replaced"]
+             "__host_prepare_cmdline", "__host_prepare_cmdline_removed", "__host_prepare_claims_replaced"]
     found = dict({name: SKIPPED for name in names}, **registered)
     return templar(found).template(trusted(entry["ansible.builtin.set_fact"]))
 
 
-@pytest.mark.parametrize("name", ["__host_prepare_claims_removed", "__host_prepare_claims_replaced"])
+@pytest.mark.parametrize("name", ["__host_prepare_cmdline_removed", "__host_prepare_claims_replaced"])
 def test_a_claim_taken_off_the_command_line_is_a_change_and_a_reason_to_reboot(name):
     facts = reboot_facts(**{name: {"changed": True, "reboot_required": True}})
     assert facts["host_prepare_changed"] is True
     assert facts["host_prepare_reboot_reasons"] == ["kernel command line changed"]
     facts = reboot_facts()
     assert facts["host_prepare_changed"] is False and facts["host_prepare_reboot_reasons"] == []
+
+
+def test_a_function_left_to_the_boot_is_not_expected_back_on_a_fixed_driver():
+    entry = task("tasks/vfio_release.yml", "Remember which driver each function went back to (host_verify checks it, also after the reboot)")
+    devices = [{"address": "0000:01:00.0", "changed": True, "after": "nvidia", "until_boot": None},
+               {"address": "0000:02:00.0", "changed": True, "after": None, "until_boot": []},
+               {"address": "0000:03:00.0", "changed": True, "after": None, "until_boot": ["nouveau"]},
+               {"address": "0000:04:00.0", "changed": False, "after": "snd_hda_intel", "until_boot": None},
+               {"address": "0000:05:00.0", "changed": True, "after": None, "until_boot": None}]
+    found = with_vars({"__host_prepare_vfio_unbind": {"devices": devices}}, entry)
+    facts = templar(found).template(trusted(entry["ansible.builtin.set_fact"]))
+    assert facts["host_prepare_restored"] == {"0000:01:00.0": "nvidia", "0000:05:00.0": None}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import tempfile
 from unittest import mock
@@ -243,7 +244,7 @@ def test_debian_conflict_replaced_and_grub_cfg_regenerated(tmp_path):
     assert result["reboot_required"] is True
     assert result["cmdline_args"] == ["iommu=pt", "console=ttyS0,115200", "intel_iommu=on"]
     dropin = host.read(DROPIN)
-    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in dropin
+    assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in dropin  # added to the files' value, not a copy of it
     assert 'GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200 intel_iommu=on"' in dropin
     assert stat.S_IMODE(os.stat(host.path(DROPIN)).st_mode) == 0o644
     assert host.read("/etc/default/grub") == before
@@ -309,8 +310,8 @@ def test_ubuntu_cloudimg_dropin_is_accounted_for(tmp_path):
     result = run(host, arguments=["iommu=pt"])
     assert result["changed"] is True
     dropin = host.read(DROPIN)
-    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in dropin
-    assert "GRUB_CMDLINE_LINUX_DEFAULT" not in dropin  # not changed, so not pinned
+    assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in dropin  # added to the files' value, not a copy of it
+    assert "GRUB_CMDLINE_LINUX_DEFAULT" not in dropin  # not changed, so not in the drop-in
     assert "console=tty1 console=ttyS0" in host.grub_cfg()
     assert "quiet splash" not in host.grub_cfg()  # the cloudimg drop-in wins, as on a real host
 
@@ -868,13 +869,66 @@ def test_grub_dropin_kept_while_it_still_carries_another_argument(tmp_path):
     result = run(host, arguments=["intel_iommu=on"], state="absent")
     assert result["restored"] == ["intel_iommu=off"]
     dropin = host.read(DROPIN)
-    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in dropin
-    assert "GRUB_CMDLINE_LINUX_DEFAULT" not in dropin  # back to what /etc/default/grub says: not pinned
+    assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in dropin  # added to the files' value, not a copy of it
+    assert "GRUB_CMDLINE_LINUX_DEFAULT" not in dropin  # back to what /etc/default/grub says: not in the drop-in
     assert "iommu=pt console=ttyS0,115200 intel_iommu=off" in host.grub_cfg()
     assert record(host) == {"iommu": {"original": [], "set": ["iommu=pt"]}}
     # and the last argument going takes the drop-in with it
     assert run(host, arguments=["iommu=pt"], state="absent")["restored"] == []
     assert not host.exists(DROPIN) and not host.exists(RECORD)
+
+
+def test_hand_written_claim_stays_in_the_users_file(tmp_path):
+    # A host prepared by hand before: GPUs claimed for vfio-pci with vfio-pci.ids in /etc/default/grub. Adding the
+    # IOMMU arguments leaves the claim where its author wrote it (no copy in the drop-in), so their own edit of
+    # /etc/default/grub still takes effect; taking the claim off (the switch with remove_claims) sets the full value.
+    host = Host(tmp_path)
+    host.write("/etc/default/grub", DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="vfio-pci.ids=1234:11e8"'))
+    host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=1 ro vfio-pci.ids=1234:11e8 console=ttyS0,115200\n")
+    host.update_grub()
+    assert run(host, arguments=IOMMU)["changed"] is True
+    dropin = host.read(DROPIN)
+    assert "vfio-pci.ids" not in dropin, dropin
+    assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in dropin
+    assert "ro vfio-pci.ids=1234:11e8 iommu=pt console=ttyS0,115200 intel_iommu=on" in host.grub_cfg()
+    assert run(host, arguments=IOMMU)["changed"] is False
+    # the user drops the claim in their file: the next grub.cfg has it off and the collection's arguments on
+    host.write("/etc/default/grub", DEBIAN_GRUB)
+    subprocess.run([host.update_grub()], check=True)
+    assert run(host, arguments=IOMMU)["changed"] is False
+    linux = host.grub_cfg().split("\n")[1].split()
+    assert linux[3:] == ["ro", "iommu=pt", "console=ttyS0,115200", "intel_iommu=on"], linux
+    # with the claim back, taking it off through the module is a change of the full value
+    host.write("/etc/default/grub", DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="vfio-pci.ids=1234:11e8"'))
+    result = run(host, arguments=["vfio-pci.ids=1234:11e8"], state="absent")
+    assert result["changed"] is True, result
+    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in host.read(DROPIN)
+    assert "vfio-pci.ids" not in host.grub_cfg()
+
+
+def test_switch_takes_a_hand_written_claim_off_with_the_iommu_arguments_and_keeps_it_off(tmp_path):
+    # The lab's switch scenario on a host claimed by hand: vm-passthrough, container (the IOMMU arguments and the
+    # claim off in one change), vm-passthrough again (the claim stays off; the owner's file still has it).
+    host = Host(tmp_path)
+    claimed = DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="vfio-pci.ids=1234:11e8 "')
+    host.write("/etc/default/grub", claimed)
+    host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=1 ro console=ttyS0,115200 intel_iommu=off\n")
+    host.update_grub()
+    assert run(host, arguments=IOMMU)["changed"] is True
+    assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in host.read(DROPIN)
+    # the preparation's reboot: the claim and the collection's arguments in effect
+    host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=1 ro vfio-pci.ids=1234:11e8 iommu=pt "
+                                "console=ttyS0,115200 intel_iommu=on\n")
+    result = run(host, arguments=LEAVE + ["vfio-pci.ids=1234:11e8"], state="absent")
+    assert result["changed"] is True and result["reboot_required"] is True, result
+    linux = host.grub_cfg().split("\n")[1].split()
+    assert linux[3:] == ["ro", "console=ttyS0,115200", "intel_iommu=off"], linux
+    assert 'GRUB_CMDLINE_LINUX=""' in host.read(DROPIN).splitlines()
+    assert run(host, arguments=LEAVE + ["vfio-pci.ids=1234:11e8"], state="absent")["changed"] is False
+    assert run(host, arguments=IOMMU)["changed"] is True
+    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in host.read(DROPIN).splitlines()
+    assert "vfio-pci.ids" not in host.grub_cfg()
+    assert host.read("/etc/default/grub") == claimed
 
 
 def test_distribution_dropin_with_intel_iommu_off_takes_effect_again(tmp_path):

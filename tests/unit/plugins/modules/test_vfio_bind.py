@@ -13,6 +13,7 @@ import os
 import stat
 
 import pytest
+from ansible.module_utils import basic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
@@ -820,26 +821,61 @@ def test_without_remove_claims_the_refusal_names_the_file_and_the_option(monkeyp
             "explicitly and return the kernel arguments to take off (cmdline_claims)"))
 
 
-def test_remove_claims_refuses_a_cmdline_claim_without_a_loaded_host_driver(monkeypatch, host):
-    """Without the nvidia driver's module link no host driver is known: only drivers_probe is left, refused."""
+def test_remove_claims_leaves_a_cmdline_claim_without_a_host_driver_on_no_driver_until_the_boot(monkeypatch, host):
+    """No host driver to bind now (nvidia's module is not loaded): the probe would give the A10 straight back to
+    vfio-pci while vfio-pci.ids is on the running command line, so it is taken off vfio-pci, not probed, and the
+    claim is returned for the boot change; at that boot the kernel chooses among what modules.alias gives."""
     tree, kernel = host
     tree.set_cmdline(A10_CMDLINE)
     tree.write(MODPROBE, "options vfio-pci ids=10de:2236\n")
     on_vfio_by_hand(kernel, st.A10)
-    msg = ("refusing to change anything: 0000:65:00.0 (10de:2236) is claimed for vfio-pci by vfio-pci.ids=10de:2236 "
-           "on the kernel command line, which this module cannot take off at once, and has no record of its original "
-           "driver: none of its host drivers (nvidia, from modules.alias) is loaded, and the kernel's probe would give "
-           "it straight back to vfio-pci. Load its host driver first (modprobe), or take vfio-pci.ids off the kernel "
-           "command line (the kernel_cmdline module with state=absent) and reboot")
-    assert_refused(monkeypatch, host, {"addresses": [st.A10], "state": "absent", "remove_claims": True}, msg)
-    # Two host drivers loaded: which one the function had is not known either.
+    args = {"addresses": [st.A10], "state": "absent", "remove_claims": True}
+    before = tree.snapshot()
+    kind, result = run(monkeypatch, host, args, check=True)
+    assert kind == "exit" and result["changed"] is True, result
+    assert tree.snapshot() == before and kernel.writes == []
+    assert [(d["address"], d["before"], d["after"], d["until_boot"]) for d in result["devices"]] == [
+        (st.A10, "vfio-pci", None, ["nvidia"])]
+    assert result["cmdline_claims"] == [{"argument": "vfio-pci.ids=10de:2236,10de:1aef",
+                                         "replace_with": "vfio-pci.ids=10de:1aef"}]
+
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "exit" and result["changed"] is True, result
+    assert kernel.writes == [("/sys/bus/pci/drivers/vfio-pci/unbind", st.A10),
+                             ("/sys/bus/pci/devices/0000:65:00.0/driver_override", "")]
+    assert probes(kernel) == [] and kernel.driver(st.A10) is None
+    assert [(d["after"], d["until_boot"]) for d in result["devices"]] == [(None, ["nvidia"])]
+    assert result["initramfs_rebuild_required"] is True and not os.path.exists(tree.path(MODPROBE))
+    # Again: nothing left to do for the function, and the claim is still named until the boot without it.
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "exit" and result["changed"] is False and kernel.writes == [], result
+    assert result["cmdline_claims"][0]["argument"] == "vfio-pci.ids=10de:2236,10de:1aef"
+
+
+def test_remove_claims_with_two_loaded_host_drivers_leaves_the_choice_to_the_boot(monkeypatch, host):
+    tree, kernel = host
+    tree.set_cmdline(A10_CMDLINE)
+    on_vfio_by_hand(kernel, st.A10)
     st.add_driver_module(tree, "nvidia")
     st.add_driver_module(tree, "nouveau")
     st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT + "alias pci:v000010DEd*sv*sd*bc03sc*i* nouveau\n")
     kind, result = run(monkeypatch, host, {"addresses": [st.A10], "state": "absent", "remove_claims": True})
-    assert kind == "fail" and ("more than one host driver for it is loaded (nouveau, nvidia), so which one it had is "
-                               "not known") in result["msg"]
-    assert kernel.writes == [] and kernel.driver(st.A10) == "vfio-pci"
+    assert kind == "exit" and result["changed"] is True, result
+    assert [(d["after"], d["until_boot"]) for d in result["devices"]] == [(None, ["nvidia", "nouveau"])]
+    assert probes(kernel) == [] and kernel.driver(st.A10) is None
+
+
+def test_remove_claims_of_a_device_no_host_driver_supports(monkeypatch, host):
+    """A function modules.alias names no host driver for (the lab's stand-ins): no driver now and after the boot."""
+    tree, kernel = host
+    tree.set_cmdline(A10_CMDLINE)
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT.replace("alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia\n", ""))
+    on_vfio_by_hand(kernel, st.A10)
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "state": "absent", "remove_claims": True})
+    assert kind == "exit" and result["changed"] is True, result
+    assert [(d["after"], d["until_boot"]) for d in result["devices"]] == [(None, [])]
+    assert kernel.driver(st.A10) is None and probes(kernel) == []
 
 
 def test_remove_claims_failure_in_the_middle_rolls_back_the_files_and_the_drivers(monkeypatch, host):
@@ -882,3 +918,33 @@ def test_remove_claims_is_ignored_with_state_present(monkeypatch, host):
     _kind, plain = run(monkeypatch, host, args, check=True)
     kind, result = run(monkeypatch, host, dict(args, remove_claims=True), check=True)
     assert kind == "exit" and result == plain and result["cmdline_claims"] == []
+
+
+def test_preparation_names_the_hosts_own_claims_and_leaves_them(monkeypatch, host):
+    """A host prepared by hand before: the A10 on vfio-pci through vfio-pci.ids and modprobe.d. Binding it (the
+    vm-passthrough preparation) says so, with what giving it back later takes, and leaves both claims as written."""
+    tree, kernel = host
+    warned = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, text: warned.append(text))
+    tree.set_cmdline(A10_CMDLINE)
+    tree.write(MODPROBE, "options vfio-pci ids=10de:2236\n")
+    on_vfio_by_hand(kernel, st.A10)
+    args = {"addresses": [st.A10], "persistent": True, "include_group": True}
+    cmdline = "vfio-pci.ids=%s on the kernel command line (/proc/cmdline; put there by the boot configuration, " \
+              "e.g. /etc/default/grub)"
+    for check in (True, False):
+        warned.clear()
+        kind, result = run(monkeypatch, host, args, check=check)
+        assert kind == "exit", result
+        assert result["host_claims"] == [
+            {"address": st.A10, "claims": [cmdline % "10de:2236", "options vfio-pci ids=10de:2236 in /etc/modprobe.d/vfio.conf"]},
+            {"address": st.A10_AUDIO, "claims": [cmdline % "10de:1aef"]}]
+        assert len(warned) == 1 and "0000:65:00.0 by vfio-pci.ids=10de:2236" in warned[0]
+        assert "remove_claims=true" in warned[0]
+    assert tree.read(MODPROBE) == "options vfio-pci ids=10de:2236" and kernel.driver(st.A10) == "vfio-pci"
+    # Nothing claimed: nothing named, no warning.
+    tree.set_cmdline("BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=/dev/sda1 ro intel_iommu=on iommu=pt")
+    os.unlink(tree.path(MODPROBE))
+    warned.clear()
+    kind, result = run(monkeypatch, host, args, check=True)
+    assert kind == "exit" and result["host_claims"] == [] and warned == [], result
