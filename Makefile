@@ -113,7 +113,8 @@ unit: venv
 # The tests start their own API server from an empty store (not the main job's: `make site` leaves its
 # labels, releases and KubeVirt settings there), so only the binaries are a prerequisite.
 # Two pytest sessions at once (scripts/integration.sh): the main one with the lab's work and the API server's
-# tests, and beside it the vGPU Manager image tests, which need neither.
+# tests, and beside it the vGPU Manager image tests, which need neither, then the real charts, drain and operator
+# tests on an API server of that session's own.
 # At the end it says where the tier's CPU time went (scripts/cpu_share.py; also as JSON under .build/).
 integration: lab-image kube-binaries
 	GPUOPS_KUBE_TEST_STATE=$(KUBE_TEST_STATE) $(BIN)/python scripts/cpu_share.py .build/cpu-share-integration.json -- \
