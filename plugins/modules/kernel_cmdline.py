@@ -18,15 +18,16 @@ description:
     C(/etc/default/grub) and every C(/etc/default/grub.d/*.cfg) drop-in, and writes the result into a
     drop-in of its own, C(/etc/default/grub.d/99-gpuops-sandbox.cfg), for C(GRUB_CMDLINE_LINUX) and/or
     C(GRUB_CMDLINE_LINUX_DEFAULT) (only the variables whose value it had to change); then it runs
-    C(update-grub), or C(grub-mkconfig -o /boot/grub/grub.cfg) when C(update-grub) is missing.
+    C(update-grub), or C(grub-mkconfig -o /boot/grub/grub.cfg) when C(update-grub) is missing. A record that
+    C(grub.cfg) is due, C(/var/lib/gpuops/pending/bootloader.json), is synced to disk before the drop-in is
+    written and removed once the command succeeded; a run cut short in between (a power loss, a killed
+    controller) leaves it, and the next run generates C(grub.cfg) again although the drop-in already holds the
+    requested line.
   - When the change only adds arguments to what the other files give a variable, the drop-in appends them to
     that value (C(GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt")), so the arguments written by hand in
     C(/etc/default/grub) (say a C(vfio-pci.ids=) claim) stay there, where their author edits or removes them,
     and are not copied into this module's file. Only a change that takes an argument off, or replaces a value,
-    sets the variable's full value in the drop-in. A record that C(grub.cfg) is due, C(/var/lib/gpuops/pending/bootloader.json), is synced to disk
-    before the drop-in is written and removed once the command succeeded; a run cut short in between (a power
-    loss, a killed controller) leaves it, and the next run generates C(grub.cfg) again although the drop-in
-    already holds the requested line.
+    sets the variable's full value in the drop-in.
   - C(grubby) (RHEL 8/9 family) changes every boot entry with C(grubby --update-kernel=ALL), reads the
     result back with C(grubby --info=ALL), and keeps C(GRUB_CMDLINE_LINUX) of C(/etc/default/grub) in sync.
   - C(grub2_mkconfig) (RHEL 9.3 and later without grubby) edits C(GRUB_CMDLINE_LINUX) in
