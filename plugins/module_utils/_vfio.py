@@ -605,8 +605,45 @@ def record_text(state, target):
     }, sort_keys=True, indent=2) + "\n"
 
 
+INFERRED = "modules.alias"
+
+
+def inferred_record_text(state, target, claims, root="/", release=None, aliases=None):
+    """JSON record for a function the host's own claim (``claims``, :func:`find_claims`) had put on a vfio driver
+    before this module bound it: its original driver as far as the running kernel's modules.alias tells.
+
+    ``host_modules`` are the host modules whose ``alias pci:`` lines match its modalias; ``driver`` is set only when
+    there is exactly one: the PCI driver that module registers when it is loaded (exactly one), else the module's
+    name. ``origin`` says the driver was inferred, so :func:`plan_unbind` binds it only when it is loaded then.
+    """
+    modalias = read_attr(os.path.join(pci_device_dir(state["address"], root), "modalias"), default="")
+    if aliases is None:
+        aliases = read_pci_aliases(root, release)
+    modules = host_modules(modalias, aliases)
+    driver = None
+    if len(modules) == 1:
+        registered = [d for d in pci_drivers_by_module(root).get(modules[0], [])
+                      if not is_vfio_driver(d) and _module_key(d) != "pci_stub"]
+        driver = registered[0] if len(registered) == 1 else (modules[0] if not registered else None)
+    return json.dumps({
+        "address": state["address"],
+        "vendor": state["vendor"],
+        "device": state["device"],
+        "driver": driver,
+        "driver_override": None,
+        "bound_to": target,
+        "origin": INFERRED,
+        "host_modules": modules,
+        "claimed_by": sorted({c["kind"] for c in claims}),
+    }, sort_keys=True, indent=2) + "\n"
+
+
 def read_record(address, root="/"):
-    """The record written when ``address`` was bound, or None (missing or not a valid record)."""
+    """The record written when ``address`` was bound, or None (missing or not a valid record).
+
+    ``origin`` is ``"bind"`` for the driver the function had when this module bound it, :data:`INFERRED` for one
+    inferred from modules.alias (:func:`inferred_record_text`); ``host_modules`` are the modules of such a record.
+    """
     text = read_text(root, record_path(address))
     if text is None:
         return None
@@ -622,7 +659,12 @@ def read_record(address, root="/"):
     override = data.get("driver_override")
     if override is not None and (not isinstance(override, str) or not DRIVER_NAME_RE.fullmatch(override)):
         override = None
-    return {"driver": driver, "driver_override": override}
+    if data.get("origin") == INFERRED:
+        modules = data.get("host_modules")
+        if not isinstance(modules, list) or not all(isinstance(m, str) and DRIVER_NAME_RE.fullmatch(m) for m in modules):
+            modules = []
+        return {"driver": driver, "driver_override": None, "origin": INFERRED, "host_modules": modules}
+    return {"driver": driver, "driver_override": override, "origin": "bind", "host_modules": []}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -763,6 +805,20 @@ def plan_bind(addresses, root="/", driver="auto", include_group=False, allowed_d
                 entries[state["address"]] = _step(state, target, "group", "bind")
                 if entries[address].get("slot"):
                     entries[state["address"]].update(slot=True, slot_of=address)
+    pci_aliases = None
+    for step in _ordered(entries.values()):
+        if not is_vfio_driver(step["before"]):
+            continue
+        existing = read_record(step["address"], root)
+        if existing is not None:
+            if existing["origin"] == INFERRED:
+                step["record"] = read_text(root, record_path(step["address"]))
+            continue
+        claims = find_claims(step["state"], root)
+        if claims:
+            if pci_aliases is None:
+                pci_aliases = read_pci_aliases(root, release)
+            step["record"] = inferred_record_text(step["state"], step["target"], claims, root, release, pci_aliases)
     base_allowed = list(allowed_drivers)
     for step in _ordered(entries.values()):
         if step["before"] == step["target"]:
@@ -856,18 +912,25 @@ def plan_unbind(addresses, root="/", include_group=False, remove_claims=False, r
         if remove_claims and claims:
             claimed.append(state)
         record = read_record(addr, root)
+        inferred = record is not None and record["origin"] == INFERRED
         on_vfio = is_vfio_driver(state["driver"])
         override_set = state["override"] is not None and is_vfio_driver(state["override"])
-        restore_to = record["driver"] if record else None
-        if not (on_vfio or override_set or (record and state["driver"] != restore_to)):
+        restore_to = record["driver"] if record and not inferred else None
+        if not (on_vfio or override_set or (record and not inferred and state["driver"] != restore_to)):
             step["action"] = "none"
             continue
         step["restore_override"] = record["driver_override"] if record else None
-        step["probe"] = record is None
-        if record is None and (on_vfio or state["driver"] is None):
+        step["probe"] = record is None or inferred
+        if (record is None or inferred) and (on_vfio or state["driver"] is None):
             if aliases is None:
                 aliases = read_pci_aliases(root, release)
             restore_to, modules, loaded = host_driver(addr, root, release, aliases)
+            if inferred:
+                # The driver recorded at the preparation is bound when it is loaded now; the running kernel's
+                # modules.alias is asked otherwise, and its modules (or the recorded ones) are what the boot gets.
+                if record["driver"] and not is_vfio_driver(record["driver"]) and driver_loaded(record["driver"], root):
+                    restore_to = record["driver"]
+                modules = modules or record["host_modules"]
             step["probe"] = restore_to is None
             step["no_host_driver"] = None if restore_to else _no_host_driver(modules, loaded)
             step["host_modules"] = modules

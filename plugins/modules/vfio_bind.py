@@ -49,6 +49,14 @@ description:
   - With O(state=present), such claims are left where the host's owner wrote them (this module writes its own
     record and rule beside them) and are named in RV(host_claims) and a warning, since giving those functions
     back later takes O(remove_claims).
+  - A function such a claim had already put on a vfio driver before this module bound it gets a record too, of
+    the driver modules.alias names for it (C("origin") V(modules.alias), the matching modules in
+    C("host_modules"), the driver only when there is exactly one module, under its registered name when loaded
+    and its module's name when not). With O(state=absent) that driver is bound explicitly when it is loaded then;
+    otherwise the function goes the way of one without a record (with O(remove_claims) and a command-line claim,
+    on no driver until the boot without the claim, RV(devices[].until_boot) naming the recorded modules when the
+    running kernel's modules.alias names none). A driver blacklisted on the host (nouveau, which the collection
+    blacklists on GPU hosts) is recorded but never loaded for it.
   - Processes holding a device node are named by PID and full command line.
 author:
   - gpuops.sandbox contributors (@gpuops)
@@ -321,7 +329,7 @@ persistent_files:
   sample: ["/etc/udev/rules.d/61-gpuops-vfio-0000:65:00.0.rules"]
 record_files:
   description: The records of original drivers of the considered functions that exist after the run (or would,
-    in check mode).
+    in check mode), including those inferred from modules.alias for functions the host had claimed.
   returned: always
   type: list
   elements: str
@@ -482,8 +490,8 @@ def plan_files(plan, params, root):
                 if old is not None:
                     changes.append((path, old, None))
             continue
-        if entry["action"] == "bind":
-            new_record = _vfio.record_text(entry["state"], entry["target"])
+        if entry.get("record") is not None or entry["action"] == "bind":
+            new_record = entry.get("record") or _vfio.record_text(entry["state"], entry["target"])
             if new_record != old_record:
                 changes.append((record, old_record, new_record))
         if params["persistent"]:

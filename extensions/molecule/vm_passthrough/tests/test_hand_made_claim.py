@@ -3,6 +3,8 @@ written by the scenario's prepare step): the preparation left that claim where i
 the collection's arguments to /etc/default/grub's value instead of copying it, so the claim is in effect after the
 preparation's reboot and is still the host owner's to edit; the switch scenario takes it off."""
 
+import json
+
 import pytest
 
 DROPIN = "/etc/default/grub.d/99-gpuops-sandbox.cfg"
@@ -25,3 +27,20 @@ def test_the_claim_stays_where_it_was_written(host, claim):
     dropin = host.file(DROPIN).content_string
     assert "vfio-pci.ids" not in dropin, dropin
     assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in dropin.splitlines(), dropin
+
+
+def test_the_claimed_functions_have_records_of_what_modules_alias_names(host, claim):
+    """The claim had bound the stand-ins before the collection did: their records say so, with the host modules the
+    lab kernel's modules.alias gives for them (the driver only when there is exactly one)."""
+    vendor, device = claim.split("=", 1)[1].split(",")[0].split(":")
+    records = []
+    for path in host.file("/var/lib/gpuops/vfio_bind").listdir():
+        data = json.loads(host.file("/var/lib/gpuops/vfio_bind/" + path).content_string)
+        if (data["vendor"], data["device"]) == (vendor, device):
+            records.append(data)
+    assert records, "no record of a %s:%s function" % (vendor, device)
+    for data in records:
+        assert data["origin"] == "modules.alias" and data["claimed_by"] == ["cmdline"], data
+        assert data["bound_to"] == "vfio-pci", data
+        assert data["driver"] is not None or len(data["host_modules"]) != 1, data
+        assert data["driver"] is None or len(data["host_modules"]) == 1, data

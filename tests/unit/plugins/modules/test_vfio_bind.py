@@ -948,3 +948,98 @@ def test_preparation_names_the_hosts_own_claims_and_leaves_them(monkeypatch, hos
     warned.clear()
     kind, result = run(monkeypatch, host, args, check=True)
     assert kind == "exit" and result["host_claims"] == [] and warned == [], result
+
+
+def read_json(tree, path):
+    return json.loads(tree.read(path))
+
+
+def test_preparation_records_the_driver_modules_alias_names_for_a_claimed_function(monkeypatch, host):
+    """The hand-made claim had bound the A10 before the preparation: nothing saw its driver. The preparation records
+    the one modules.alias names (nvidia, not loaded: its module's name), says so in the record, and leaves the audio
+    function, which modules.alias names no driver for, with a record that names none."""
+    tree, kernel = host
+    tree.set_cmdline(A10_CMDLINE)
+    on_vfio_by_hand(kernel, st.A10, st.A10_AUDIO)
+    args = {"addresses": [st.A10], "persistent": True, "include_group": True}
+    before = tree.snapshot()
+    kind, result = run(monkeypatch, host, args, check=True)
+    assert kind == "exit" and result["changed"] is True, result
+    assert tree.snapshot() == before and result["record_files"] == [A10_RECORD, AUDIO_RECORD]
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "exit" and result["changed"] is True and kernel.writes == [], result
+    assert A10_RECORD in result["files_changed"] and AUDIO_RECORD in result["files_changed"]
+    assert read_json(tree, A10_RECORD) == {
+        "address": st.A10, "vendor": "10de", "device": "2236", "driver": "nvidia", "driver_override": None,
+        "bound_to": "vfio-pci", "origin": "modules.alias", "host_modules": ["nvidia"], "claimed_by": ["cmdline"]}
+    audio = read_json(tree, AUDIO_RECORD)
+    assert (audio["driver"], audio["host_modules"], audio["origin"]) == (None, [], "modules.alias")
+    # Again: the records stay as written, nothing changes.
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "exit" and result["changed"] is False and result["files_changed"] == [], result
+    # Two host modules for the A10: no driver recorded, both modules are.
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT + "alias pci:v000010DEd*sv*sd*bc03sc*i* nouveau\n")
+    os.unlink(tree.path(A10_RECORD))
+    kind, result = run(monkeypatch, host, args)
+    assert kind == "exit" and result["files_changed"] == [A10_RECORD], result
+    a10 = read_json(tree, A10_RECORD)
+    assert (a10["driver"], a10["host_modules"]) == (None, ["nvidia", "nouveau"])
+
+
+def test_preparation_records_nothing_for_an_unclaimed_function_already_on_vfio(monkeypatch, host):
+    """On vfio-pci by someone's hand at run time, with no claim that outlives a boot: no inferred record (state=absent
+    asks modules.alias at that time, as before)."""
+    tree, kernel = host
+    on_vfio_by_hand(kernel, st.A10, st.A10_AUDIO)
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True})
+    assert kind == "exit" and result["record_files"] == [] and result["changed"] is False, result
+    assert not os.path.exists(tree.path(A10_RECORD))
+
+
+def test_switch_binds_the_recorded_driver_when_loaded_and_waits_for_the_boot_when_not(monkeypatch, host):
+    """The records of the preparation at the switch (remove_claims): nvidia loaded is bound explicitly (never the
+    probe, which vfio-pci.ids would win); nouveau recorded but not loaded (blacklisted, as this collection does on
+    GPU hosts) leaves the function on no driver until the boot without the claim. The records go either way."""
+    tree, kernel = host
+    tree.set_cmdline(A10_CMDLINE)
+    on_vfio_by_hand(kernel, st.A10, st.A10_AUDIO)
+    prepare = {"addresses": [st.A10], "persistent": True}
+    kind, result = run(monkeypatch, host, prepare)
+    assert kind == "exit" and read_json(tree, A10_RECORD)["driver"] == "nvidia", result
+    switch = {"addresses": [st.A10], "state": "absent", "remove_claims": True}
+    st.add_driver_module(tree, "nvidia")
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, host, switch)
+    assert kind == "exit" and result["changed"] is True, result
+    assert kernel.writes[-1] == ("/sys/bus/pci/drivers/nvidia/bind", st.A10) and probes(kernel) == []
+    assert kernel.driver(st.A10) == "nvidia" and not os.path.exists(tree.path(A10_RECORD))
+    assert result["devices"][0]["until_boot"] is None
+
+    # The same with nouveau recorded and not loaded (nvidia's alias gone from this kernel).
+    on_vfio_by_hand(kernel, st.A10)
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT.replace("alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia\n",
+                                                                     "alias pci:v000010DEd*sv*sd*bc03sc*i* nouveau\n"))
+    kind, result = run(monkeypatch, host, prepare)
+    assert kind == "exit" and read_json(tree, A10_RECORD)["driver"] == "nouveau", result
+    kernel.writes.clear()
+    kind, result = run(monkeypatch, host, switch, check=True)
+    assert kind == "exit" and [(d["after"], d["until_boot"]) for d in result["devices"]] == [(None, ["nouveau"])]
+    kind, result = run(monkeypatch, host, switch)
+    assert kind == "exit" and [(d["after"], d["until_boot"]) for d in result["devices"]] == [(None, ["nouveau"])]
+    assert probes(kernel) == [] and kernel.driver(st.A10) is None and not os.path.exists(tree.path(A10_RECORD))
+
+
+def test_an_inferred_record_whose_modules_the_kernel_lost_still_names_them(monkeypatch, host):
+    """A kernel update between the preparation and the switch dropped the alias: the record's modules are what
+    the boot gets (until_boot), not an empty list."""
+    tree, kernel = host
+    tree.set_cmdline(A10_CMDLINE)
+    nvidia_alias = "alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia\n"
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT.replace(nvidia_alias, nvidia_alias.replace("nvidia", "nouveau")))
+    on_vfio_by_hand(kernel, st.A10, st.A10_AUDIO)
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10]})
+    assert kind == "exit" and read_json(tree, A10_RECORD)["host_modules"] == ["nouveau"], result
+    st.add_modules_alias(tree, RELEASE, st.VFIO_ALIASES_TEXT.replace(nvidia_alias, ""))
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "state": "absent", "remove_claims": True})
+    assert kind == "exit" and [(d["after"], d["until_boot"]) for d in result["devices"]] == [(None, ["nouveau"])]
+    assert kernel.driver(st.A10) is None and not os.path.exists(tree.path(A10_RECORD))
