@@ -154,13 +154,23 @@ def test_records_round_trip_and_reject_junk(gpu_host):
     tree, _kernel = gpu_host
     state = _vfio.device_state(st.A10, tree.root)
     tree.write(_vfio.record_path(st.A10), _vfio.record_text(state, "vfio-pci"))
-    assert _vfio.read_record(st.A10, tree.root) == {"driver": "nvidia", "driver_override": None}
+    bound = {"driver": "nvidia", "driver_override": None, "origin": "bind", "host_modules": []}
+    assert _vfio.read_record(st.A10, tree.root) == bound
+    # An inferred record (a host claim had bound the function): its modules are kept, a junk module list is not.
+    claims = [{"kind": "cmdline"}]
+    tree.write(_vfio.record_path(st.A10), _vfio.inferred_record_text(state, "vfio-pci", claims, tree.root, RELEASE))
+    assert _vfio.read_record(st.A10, tree.root) == {"driver": "nvidia", "driver_override": None,
+                                                    "origin": "modules.alias", "host_modules": ["nvidia"]}
+    tree.write(_vfio.record_path(st.A10), '{"address": "0000:65:00.0", "driver": null, "origin": "modules.alias", '
+                                          '"host_modules": ["../x"]}')
+    assert _vfio.read_record(st.A10, tree.root)["host_modules"] == []
     for junk in ("not json", "[]", '{"address": "0000:65:00.1", "driver": "nvidia"}',
                  '{"address": "0000:65:00.0", "driver": "../../x y"}'):
         tree.write(_vfio.record_path(st.A10), junk)
         assert _vfio.read_record(st.A10, tree.root) is None
     tree.write(_vfio.record_path(st.A10), '{"address": "0000:65:00.0", "driver": null}')
-    assert _vfio.read_record(st.A10, tree.root) == {"driver": None, "driver_override": None}
+    assert _vfio.read_record(st.A10, tree.root) == {"driver": None, "driver_override": None, "origin": "bind",
+                                                    "host_modules": []}
     assert _vfio.read_record(st.A10_AUDIO, tree.root) is None
 
 
