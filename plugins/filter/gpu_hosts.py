@@ -15,7 +15,8 @@ description:
     returns one entry per host with its Kubernetes node name, workload type, vGPU config, the labels
     and taints its node should carry (see P(gpuops.sandbox.gpu_node_labels#filter)), and its GPU facts.
   - Reads C(gpuops_node_name) (default the inventory name), C(gpuops_workload_type) (default
-    C(container)), C(gpuops_vgpu_config_name), C(gpuops_node_taints) (default null, taints left alone),
+    C(container)), C(gpuops_vgpu_config_name), C(gpuops_mig_config) and C(gpuops_device_plugin_config) (container
+    nodes; checked by P(gpuops.sandbox.gpu_sharing_problems#filter)), C(gpuops_node_taints) (default null, taints left alone),
     C(gpu_facts_gpus) and C(gpu_facts_mdev_parents) (facts of M(gpuops.sandbox.gpu_facts)).
   - Fails naming the host and the value for an unknown workload type, a vGPU config name that the vGPU
     device configuration does not hold, or two hosts with the same node name.
@@ -89,6 +90,14 @@ _value:
     labels:
       description: Labels of the node; null values are labels to remove.
       type: dict
+    mig_config:
+      description: The node's MIG config (C(gpuops_mig_config), its C(nvidia.com/mig.config) label) on container nodes,
+        else null.
+      type: str
+    device_plugin_config:
+      description: The node's device plugin config (C(gpuops_device_plugin_config), its C(nvidia.com/device-plugin.config)
+        label) on container nodes, else null.
+      type: str
     release_to:
       description:
         - What the labels the collection set earlier become when it no longer wants them, for O(gpuops.sandbox.node_labels#module:nodes[].release_to).
@@ -131,6 +140,11 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     workload_labels,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names import PluginNameError, read_pci_ids
+from ansible_collections.gpuops.sandbox.plugins.module_utils._sharing import (
+    MIG_CONFIG_LABEL,
+    MIG_DISABLED,
+    PLUGIN_CONFIG_LABEL,
+)
 
 
 def _config_types(device_config, name):
@@ -173,6 +187,16 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             labels = workload_labels(wtype, config_name, vgpu_configs, vgpu_config_default)
         except PlanError as exc:
             raise AnsibleFilterError("host %s: %s" % (host, exc.msg))
+        release_to = release_labels(wtype)
+        sharing = {}
+        if wtype == "container":
+            # The node's MIG config and device plugin config (gpu_sharing_problems checks them); a MIG config the
+            # collection set and no longer wants goes back to all-disabled, the MIG Manager's default.
+            for var, label, key in (("gpuops_mig_config", MIG_CONFIG_LABEL, "mig_config"),
+                                    ("gpuops_device_plugin_config", PLUGIN_CONFIG_LABEL, "device_plugin_config")):
+                if hv.get(var):
+                    labels[label] = sharing[key] = str(hv[var])
+            release_to[MIG_CONFIG_LABEL] = MIG_DISABLED
         taints = hv.get("gpuops_node_taints")
         os_release = (hv.get("gpu_facts_host") or {}).get("os") or {}
         entry = {
@@ -181,7 +205,9 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             "vgpu_type_names": _config_types(vgpu_device_config, config_name or vgpu_config_default or VGPU_DEFAULT_CONFIG)
             if wtype == "vm-vgpu" else None,
             "labels": labels,
-            "release_to": release_labels(wtype),
+            "release_to": release_to,
+            "mig_config": sharing.get("mig_config"),
+            "device_plugin_config": sharing.get("device_plugin_config"),
             "taints": None if taints is None else list(taints),
             "gpus": list(hv.get("gpu_facts_gpus") or []),
             "mdev_parents": list(hv.get("gpu_facts_mdev_parents") or []),

@@ -57,7 +57,23 @@ STAND_IN_CHARTS = {name: os.path.join(TOP, "tests", "fixtures", "charts", name) 
 HAVE_UPSTREAM = all(os.path.isdir(path) for path in REAL_CHARTS.values())
 CHARTS = REAL_CHARTS if HAVE_UPSTREAM else STAND_IN_CHARTS
 
-NODES = {"lab-container": "dra", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu"}
+NODES = {"lab-container": "dra", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu", "lab-dra": "container"}
+# GPU sharing on the container node (issue 27), with the facts of the real H200 host (FACTS.md): the MIG config and
+# the device plugin's time-slicing config reach the real chart, its ConfigMaps and the ClusterPolicy the real CRD
+# stores, with the driver's upgrade policy.
+H200 = {"address": "0000:00:06.0", "vendor": "10de", "device": "2335", "class": "030200",
+        "subsystem_vendor": "10de", "subsystem_device": "18bf", "driver": "nvidia", "is_bridge": False,
+        "device_name": "GH100 [H200 SXM 141GB]"}
+MIG_CONFIGS = {"all-disabled": [{"devices": "all", "mig-enabled": False}],
+               "h200-three-2g": [{"device-filter": ["0x233510DE"], "devices": "all", "mig-enabled": True,
+                                  "mig-devices": {"2g.35gb": 3}}]}
+PLUGIN_CONFIGS = {"four-way": {"version": "v1", "sharing": {"timeSlicing": {"resources": [
+    {"name": "nvidia.com/gpu", "replicas": 4}]}}}}
+UPGRADE_POLICY = {"maxUnavailable": "50%", "drain": {"enable": True, "timeoutSeconds": 600}}
+SHARING_VARS = {"gpuops_mig_configs": MIG_CONFIGS, "gpuops_device_plugin_configs": PLUGIN_CONFIGS,
+                "gpuops_driver_upgrade_policy": UPGRADE_POLICY, "gpuops_driver_version": "580.95.05"}
+SHARING_HOST = {"lab-dra": {"gpu_facts_gpus": [H200], "gpuops_mig_config": "h200-three-2g",
+                            "gpuops_device_plugin_config": "four-way"}}
 RELEASES = (("gpu-operator", "gpu-operator"), ("dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu"))
 CLAIM = {"name": "gpuops-test-vfio-gpu", "namespace": "default"}
 CLAIM_MADE = "gpuops-test-claim-from-template"
@@ -89,8 +105,10 @@ def inventory(tmp_path, api, charts, name="inv", hosts=None, extra=None, claim_c
     """The three GPU hosts (dra, vm-passthrough, vm-vgpu) with the facts gpu_facts would give for an A10."""
     claim = dict(CLAIM, **({"count": claim_count} if claim_count else {}))
     all_vars = chart_path_vars(api, charts, PULL_SECRET, [claim])
+    all_vars.update(SHARING_VARS)
     all_vars.update(extra or {})
-    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(NODES, hosts), VENV_PYTHON)
+    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(NODES, dict(SHARING_HOST, **(hosts or {}))),
+                           VENV_PYTHON)
 
 
 def playbook(helm_env, inv, *extra):
@@ -184,6 +202,10 @@ def test_install_noop_rerun_and_claim_template_replacement(lab, helm_env, tmp_pa
     # The kubelet plugin's node selector picks the dra host's node, which has no device plugin.
     labels = kget(api, "node", "lab-container")["metadata"]["labels"]
     assert {k: labels.get(k) for k in DEVICE_PLUGIN_OFF} == DEVICE_PLUGIN_OFF
+    # The container node's sharing choices are its labels.
+    labels = kget(api, "node", "lab-dra")["metadata"]["labels"]
+    assert (labels.get("nvidia.com/mig.config"), labels.get("nvidia.com/device-plugin.config")) == \
+        ("h200-three-2g", "four-way")
     template = kget(api, RCT, CLAIM["name"], "-n", CLAIM["namespace"])
     assert template["spec"]["spec"]["devices"]["requests"] == [
         {"name": "gpu", "exactly": {"allocationMode": "ExactCount", "count": 1, "deviceClassName": "vfio.gpu.nvidia.com"}}]
@@ -199,6 +221,20 @@ def test_install_noop_rerun_and_claim_template_replacement(lab, helm_env, tmp_pa
         assert {k: spec["vgpuManager"].get(k) for k in VGPU_MANAGER} == VGPU_MANAGER
         assert spec["vgpuManager"]["imagePullSecrets"] == [PULL_SECRET[0]]
         assert spec["vgpuDeviceManager"]["config"]["name"] == "gpuops-vgpu-devices-config"
+        # Sharing and the driver: the API server kept every value (the real CRD's schema prunes unknown ones), and the
+        # chart made the ConfigMaps the MIG Manager and the device plugin read.
+        assert spec["mig"]["strategy"] == "single"
+        assert spec["migManager"]["config"] == {"name": "gpuops-mig-parted-config", "default": "all-disabled"}
+        mig = kget(api, "configmap", "gpuops-mig-parted-config", "-n", "gpu-operator")
+        assert yaml.safe_load(mig["data"]["config.yaml"]) == {"version": "v1", "mig-configs": MIG_CONFIGS}
+        assert spec["devicePlugin"]["config"] == {"name": "gpuops-device-plugin-config", "default": ""}
+        plugin = kget(api, "configmap", "gpuops-device-plugin-config", "-n", "gpu-operator")
+        assert {k: yaml.safe_load(v) for k, v in plugin["data"].items()} == PLUGIN_CONFIGS
+        policy_kept = spec["driver"]["upgradePolicy"]
+        assert (policy_kept["maxUnavailable"], policy_kept["drain"]["enable"], policy_kept["drain"]["timeoutSeconds"]) == \
+            ("50%", True, 600)
+        assert policy_kept["autoUpgrade"] is True and policy_kept["maxParallelUpgrades"] == 1  # the chart's defaults
+        assert spec["driver"]["version"] == "580.95.05"
 
         classes = {c["metadata"]["name"] for c in kget(api, "deviceclasses.v1.resource.k8s.io")["items"]}
         assert {"gpu.nvidia.com", "vfio.gpu.nvidia.com"} <= classes, classes
