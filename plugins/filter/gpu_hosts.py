@@ -98,6 +98,13 @@ _value:
       description: The node's device plugin config (C(gpuops_device_plugin_config), its C(nvidia.com/device-plugin.config)
         label) on container nodes, else null.
       type: str
+    driver_source:
+      description:
+        - Which NVIDIA driver serves the host, from C(gpu_facts_host.nvidia_driver.source) (V(host) a driver
+          installed on the host, V(operator) the GPU Operator's driver container, V(other), or null). A container or
+          dra node with a V(host) driver gets C(nvidia.com/gpu.deploy.driver=false), so the operator's driver
+          container stays off it.
+      type: str
     release_to:
       description:
         - What the labels the collection set earlier become when it no longer wants them, for O(gpuops.sandbox.node_labels#module:nodes[].release_to).
@@ -141,6 +148,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names import PluginNameError, read_pci_ids
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sharing import (
+    DRIVER_DEPLOY_LABEL,
     MIG_CONFIG_LABEL,
     MIG_DISABLED,
     PLUGIN_CONFIG_LABEL,
@@ -197,6 +205,13 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
                 if hv.get(var):
                     labels[label] = sharing[key] = str(hv[var])
             release_to[MIG_CONFIG_LABEL] = MIG_DISABLED
+        driver = ((hv.get("gpu_facts_host") or {}).get("nvidia_driver") or {}).get("source")
+        if wtype in ("container", "dra"):
+            # A driver installed on the host serves the node: the operator's driver container stays off it. When
+            # the collection no longer asks that, the label goes back to the operator's true.
+            if driver == "host":
+                labels[DRIVER_DEPLOY_LABEL] = "false"
+            release_to[DRIVER_DEPLOY_LABEL] = "true"
         taints = hv.get("gpuops_node_taints")
         os_release = (hv.get("gpu_facts_host") or {}).get("os") or {}
         entry = {
@@ -208,6 +223,7 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             "release_to": release_to,
             "mig_config": sharing.get("mig_config"),
             "device_plugin_config": sharing.get("device_plugin_config"),
+            "driver_source": driver,
             "taints": None if taints is None else list(taints),
             "gpus": list(hv.get("gpu_facts_gpus") or []),
             "mdev_parents": list(hv.get("gpu_facts_mdev_parents") or []),

@@ -25,7 +25,9 @@ description:
     VFIO, MDEVS, DETAIL). VFIO is the verdict of M(gpuops.sandbox.vfio_probe) on the devices the node hands to VMs
     (C(yes), C(busy) when a VM uses some, C(NO), or C(-) when nothing was probed); the IOMMU group count is in the
     document. The detail (the
-    failed checks, or the GPUs and their drivers) wraps inside its own column, so no line is wider than O(width).
+    failed checks, or the GPUs and their drivers, then which NVIDIA driver serves the node, C(host) for one installed
+    on the host, and a container node's MIG config and device plugin config) wraps inside its own column, so no line
+    is wider than O(width).
     A node without a GPU that its inventory allows (C(gpuops_gpus_optional)) reads C(no GPU found, allowed by the
     inventory); without that, its check C(GPUs matching the selectors) fails.
   - A node without a report (unreachable, or failed before the check) gets a row saying so.
@@ -88,6 +90,19 @@ def _vfio(report):
     return probe.get("verdict", "-") if isinstance(probe, dict) else "-"
 
 
+def _serving(report):
+    """What serves a node's GPUs beyond their drivers: the NVIDIA driver's source, a container node's sharing."""
+    extra = []
+    if report.get("driver"):
+        version = " " + report["driver_version"] if report.get("driver_version") else ""
+        extra.append("(driver: %s%s)" % (report["driver"], version))
+    if report.get("mig_config"):
+        extra.append("MIG %s" % report["mig_config"])
+    if report.get("device_plugin_config"):
+        extra.append("plugin %s" % report["device_plugin_config"])
+    return extra
+
+
 def _detail(report):
     failed = [c.get("check", "?") for c in report.get("checks") or [] if not c.get("ok")]
     if failed:
@@ -97,7 +112,7 @@ def _detail(report):
     # PCI domain 0000 left out: "65:00.0=nvidia" reads as well and keeps a narrow column to one GPU per line.
     gpus = " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or [])
     if gpus:
-        return gpus
+        return " ".join([gpus] + _serving(report))
     allowed = any(c.get("check") == GPUS_CHECK and c.get("ok") for c in report.get("checks") or [])
     return "no GPU found, allowed by the inventory" if allowed else "no GPU found"
 

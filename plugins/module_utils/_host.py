@@ -100,13 +100,46 @@ def managed_files(root="/"):
     return managed
 
 
+# The NVIDIA kernel module as the distribution (or NVIDIA's installer, or DKMS) puts it in the running kernel's
+# module tree; the GPU Operator's driver container loads its own from the driver root it mounts instead.
+NVIDIA_MODULE_NAMES = ("nvidia.ko", "nvidia.ko.xz", "nvidia.ko.zst", "nvidia.ko.gz")
+OPERATOR_DRIVER_ROOT = "/run/nvidia/driver"
+
+
+def nvidia_driver(root="/", kernel=None):
+    """Which NVIDIA driver serves the host: ``{"loaded", "version", "host_module", "source"}``.
+
+    ``host_module`` is the nvidia module file modules.dep of the running kernel lists (installed on the host), or
+    None. ``source`` is ``host`` when that file exists (a pre-installed driver, loaded or not), ``operator`` when the
+    module is loaded without one and the operator's driver root (``/run/nvidia/driver``) is there, ``other`` when
+    it is loaded from somewhere else, None when there is no NVIDIA driver at all.
+    """
+    loaded = os.path.isdir(host_path(root, "/sys/module/nvidia"))
+    version = (_persist.read_text(root, "/sys/module/nvidia/version") or "").strip() or None
+    host_module = None
+    text = _persist.read_text(root, "/lib/modules/%s/modules.dep" % kernel) if kernel else None
+    for line in (text or "").splitlines():
+        path = line.split(":", 1)[0].strip()
+        if os.path.basename(path) in NVIDIA_MODULE_NAMES:
+            host_module = path
+            break
+    if host_module:
+        source = "host"
+    elif loaded:
+        source = "operator" if os.path.isdir(host_path(root, OPERATOR_DRIVER_ROOT)) else "other"
+    else:
+        source = None
+    return {"loaded": loaded, "version": version, "host_module": host_module, "source": source}
+
+
 def host_summary(root="/"):
     """The ``gpu_facts_host`` fact."""
     kernel = (_persist.read_text(root, KERNEL_RELEASE_FILE) or "").strip() or None
     mdevs = sorted(_mdev.list_mdev_devices(root).values(), key=lambda dev: dev["uuid"])
     return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs, "managed_files": managed_files(root),
             "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root),
-            "fingerprint": boot_fingerprint(root, kernel), "prepared": read_prepared(root)}
+            "fingerprint": boot_fingerprint(root, kernel), "prepared": read_prepared(root),
+            "nvidia_driver": nvidia_driver(root, kernel)}
 
 
 def boot_fingerprint(root="/", kernel=None):

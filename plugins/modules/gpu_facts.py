@@ -353,6 +353,15 @@ ansible_facts:
               of the boot loader configuration. Any edit to one of them changes it.
           type: str
           sample: 9b1f0c3e5d2a4b6c8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d
+        nvidia_driver:
+          description:
+            - Which NVIDIA driver serves the host. C(loaded) and C(version) from C(/sys/module/nvidia); C(host_module)
+              the nvidia module file the running kernel's modules.dep lists (a driver installed on the host by the
+              distribution, NVIDIA's installer or DKMS), or null; C(source) is V(host) when there is such a file,
+              V(operator) when the module is loaded without one and the GPU Operator's driver root
+              C(/run/nvidia/driver) is there, V(other) when it is loaded from elsewhere, null with no NVIDIA driver.
+          type: dict
+          sample: {"loaded": true, "version": "580.159.04", "host_module": "updates/dkms/nvidia.ko.zst", "source": "host"}
         prepared:
           description:
             - What the host preparation recorded in C(/var/lib/gpuops/prepared.json) the last time it found the

@@ -261,3 +261,21 @@ def test_the_table_agrees_with_the_operators_default_configuration(upstream_conf
             if pci_id not in NOT_IN_TABLE:
                 assert balanced[pci_id] == entry["mig-devices"], pci_id
     assert checked > 100
+
+
+def test_a_driver_installed_on_the_host_keeps_the_operators_driver_off_the_node():
+    """The H200 host's driver 580.159.04 came with the distribution: its node gets nvidia.com/gpu.deploy.driver=false
+    (container and dra nodes); released, the label goes back to the operator's true."""
+    facts = {"nvidia_driver": {"loaded": True, "version": "580.159.04", "host_module": "updates/dkms/nvidia.ko.zst",
+                               "source": "host"}}
+    [entry] = gpu_hosts([host("h200", [H200], gpu_facts_host=facts)])
+    assert entry["labels"]["nvidia.com/gpu.deploy.driver"] == "false" and entry["driver_source"] == "host"
+    assert entry["release_to"]["nvidia.com/gpu.deploy.driver"] == "true"
+    [entry] = gpu_hosts([host("h200", [H200], "dra", gpu_facts_host=facts)])
+    assert entry["labels"]["nvidia.com/gpu.deploy.driver"] == "false"
+    operator = {"nvidia_driver": dict(facts["nvidia_driver"], host_module=None, source="operator")}
+    [entry] = gpu_hosts([host("h200", [H200], gpu_facts_host=operator)])
+    assert "nvidia.com/gpu.deploy.driver" not in entry["labels"] and entry["driver_source"] == "operator"
+    [entry] = gpu_hosts([host("vm", [H200], "vm-passthrough", gpu_facts_host=facts)])
+    assert "nvidia.com/gpu.deploy.driver" not in entry["labels"]
+    assert "nvidia.com/gpu.deploy.driver" not in entry["release_to"]

@@ -692,7 +692,10 @@ def test_the_role_reports_the_checks_and_fails_a_stranded_host(tmp_path):
     assert rc == 0, out[-5000:]
     assert sorted(reports) == sorted(hosts), out[-5000:]
     clean = reports["clean"]
-    assert sorted(clean) == ["checks", "gpus", "host", "iommu_groups", "mdevs", "ready", "reboot_pending", "stage", "vfio_probe", "workload_type"]
+    assert sorted(clean) == ["checks", "device_plugin_config", "driver", "driver_version", "gpus", "host", "iommu_groups",
+                             "mdevs", "mig_config", "ready", "reboot_pending", "stage", "vfio_probe", "workload_type"]
+    # The fake facts carry no nvidia_driver and the inventory no sharing: nothing to say.
+    assert (clean["driver"], clean["mig_config"], clean["device_plugin_config"]) == (None, None, None)
     assert (clean["host"], clean["workload_type"], clean["stage"], clean["ready"], clean["reboot_pending"]) == (
         "clean", "container", "final", True, False)
     assert clean["gpus"] == ["0000:65:00.0=nvidia"]

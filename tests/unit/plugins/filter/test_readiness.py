@@ -54,6 +54,19 @@ def test_cells_say_what_a_person_needs():
     assert "not checked: unreachable" in rows["gpu-d"] and rows["gpu-d"].split()[1:3] == ["?", "NO"]
 
 
+def test_a_container_node_says_which_driver_serves_it_and_how_it_shares_its_gpus():
+    """The real H200 host: a driver installed on the host, seven MIG instances, time-sliced."""
+    h200 = dict(READY, host="h200", gpus=["0000:00:06.0=nvidia"], driver="host", driver_version="580.159.04",
+                mig_config="all-1g.18gb", device_plugin_config="four-way")
+    table = readiness_table([h200, dict(READY, driver="operator")], ["h200", "gpu-a"], width=200)
+    rows = {line.split()[0]: line for line in table.split("\n")[1:-1]}
+    assert rows["h200"].split()[5:] == ["00:06.0=nvidia", "(driver:", "host", "580.159.04)", "MIG", "all-1g.18gb",
+                                        "plugin", "four-way"]
+    assert rows["gpu-a"].split()[5:] == ["65:00.0=nvidia", "(driver:", "operator)"]
+    document = readiness_document([h200], ["h200"])
+    assert (document["nodes"][0]["driver"], document["nodes"][0]["mig_config"]) == ("host", "all-1g.18gb")
+
+
 def test_the_document_has_every_node():
     doc = readiness_document([READY, FAILED], ["gpu-a", FAILED["host"], "gpu-d"])
     assert json.loads(json.dumps(doc)) == doc

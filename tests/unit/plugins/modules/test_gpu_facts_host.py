@@ -129,6 +129,7 @@ def test_host_summary_of_a_bare_host(host):
                           "sriov_definitions": [], "vfio_rules": [], "pending": []},
         "sriov": {st.A100: {"numvfs": 2, "totalvfs": 20}, st.L40S: {"numvfs": 2, "totalvfs": 32}},
         "sriov_recorded": [],
+        "nvidia_driver": {"loaded": False, "version": None, "host_module": None, "source": None},
     }
 
 
@@ -191,6 +192,27 @@ def test_vfio_rules_dir_is_a_file(host):
 def test_kernel_release(host):
     host.write("/proc/sys/kernel/osrelease", "6.1.0-18-amd64\n")
     assert _host.host_summary(host.root)["kernel"] == "6.1.0-18-amd64"
+
+
+# The real H200 host of FACTS.md: Ubuntu 24.04 with driver 580.159.04 installed from the distribution (DKMS).
+def test_a_pre_installed_driver_is_told_from_the_operators(host):
+    host.write("/proc/sys/kernel/osrelease", "6.8.0-60-generic\n")
+    host.write("/sys/module/nvidia/version", "580.159.04\n")
+    host.write("/lib/modules/6.8.0-60-generic/modules.dep",
+               "kernel/drivers/net/e1000e/e1000e.ko.zst:\nupdates/dkms/nvidia.ko.zst: kernel/drivers/i2c/i2c-core.ko.zst\n")
+    assert _host.host_summary(host.root)["nvidia_driver"] == {
+        "loaded": True, "version": "580.159.04", "host_module": "updates/dkms/nvidia.ko.zst", "source": "host"}
+    # Installed on the host but not loaded (blacklisted, or before its first boot): still the host's driver.
+    os.unlink(host.path("/sys/module/nvidia/version"))
+    os.rmdir(host.path("/sys/module/nvidia"))
+    assert _host.host_summary(host.root)["nvidia_driver"]["source"] == "host"
+    # The GPU Operator's driver container: the module loaded, none in the host's tree, its driver root mounted.
+    host.write("/lib/modules/6.8.0-60-generic/modules.dep", "kernel/drivers/net/e1000e/e1000e.ko.zst:\n")
+    host.write("/sys/module/nvidia/version", "580.95.05\n")
+    assert _host.host_summary(host.root)["nvidia_driver"]["source"] == "other"
+    host.mkdir("/run/nvidia/driver")
+    assert _host.host_summary(host.root)["nvidia_driver"] == {
+        "loaded": True, "version": "580.95.05", "host_module": None, "source": "operator"}
 
 
 def add_mdev(tree, parent_address, uuid, type_id):
