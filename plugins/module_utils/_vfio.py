@@ -312,6 +312,26 @@ def nvidia_device_nodes(address, root="/"):
     return nodes or ["/dev/nvidia0"]
 
 
+def nvidia_minor(address, root="/"):
+    """The nvidia driver's minor number of ``address`` (``Device Minor:`` of its information file), or None."""
+    text = read_attr(host_path(root, "/proc/driver/nvidia/gpus/%s/information" % address), default="")
+    match = _NVIDIA_MINOR_RE.search(text)
+    return int(match.group(1)) if match else None
+
+
+def mig_instances(address, root="/"):
+    """How many MIG GPU instances exist on ``address``: the ``gi<N>`` capability directories the nvidia driver
+    keeps under ``/proc/driver/nvidia/capabilities/gpu<minor>/mig``; None when the nvidia driver does not hold it."""
+    minor = nvidia_minor(address, root)
+    if minor is None:
+        return None
+    try:
+        names = os.listdir(host_path(root, "/proc/driver/nvidia/capabilities/gpu%d/mig" % minor))
+    except (IOError, OSError):
+        return 0
+    return sum(1 for name in names if re.fullmatch(r"gi[0-9]+", name))
+
+
 def holder_paths(state, root="/"):
     """Device nodes whose holders stop ``state``'s function from being unbound from its driver."""
     driver = state["driver"]

@@ -94,6 +94,7 @@ ansible_facts:
           class_name: 3D controller
           driver: nvidia
           driver_override: null
+          mig_instances: 0
           is_bridge: false
           sysfs_path: /sys/devices/pci0000:64/0000:64:00.0/0000:65:00.0
           numa_node: 0
@@ -176,6 +177,12 @@ ansible_facts:
               set. A function with C(driver_override=vfio-pci) and no driver stays without one until the override
               is cleared.
           type: str
+        mig_instances:
+          description:
+            - How many MIG GPU instances exist on the GPU (the C(gi<N>) directories under
+              C(/proc/driver/nvidia/capabilities/gpu<minor>/mig)), or null when the nvidia driver does not hold it.
+              A GPU with instances is in MIG mode and cannot be handed to vfio-pci as it is.
+          type: int
           sample: null
         is_bridge:
           description: Whether the function is a PCI bridge (class C(0604)).
@@ -383,7 +390,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._host import host_summary
 from ansible_collections.gpuops.sandbox.plugins.module_utils._iommu import iommu_state
-from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio import read_override
+from ansible_collections.gpuops.sandbox.plugins.module_utils._vfio import mig_instances, read_override
 
 # Host root for everything this module reads. Only unit tests point it elsewhere.
 ROOT = "/"
@@ -415,8 +422,10 @@ def gather(params, root="/"):
 
 
 def with_overrides(info, root="/"):
-    """Add ``driver_override`` (None when unset) to a function and to each PCI member of its IOMMU group."""
+    """Add ``driver_override`` (None when unset) to a function and to each PCI member of its IOMMU group, and the
+    function's MIG GPU instances (``mig_instances``)."""
     info["driver_override"] = read_override(info["address"], root)
+    info["mig_instances"] = mig_instances(info["address"], root)
     for member in info["iommu_group_members"]:
         member["driver_override"] = read_override(member["address"], root) if member["pci"] else None
     return info

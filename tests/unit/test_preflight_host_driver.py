@@ -53,3 +53,30 @@ def test_vm_vgpu_by_the_operator_is_refused():
 def test_other_hosts_pass(workload_type, driver, binding, gpus, runs, passes):
     found = outcome(workload_type, driver, binding, gpus=gpus)
     assert found[0] is runs and (not runs or found[1] is passes)
+
+
+MIG_TASK = "Check that no GPU of a node turning into a VM node is in MIG mode"
+
+
+def mig_outcome(workload_type, instances):
+    task_ = next(t for t in load("roles/preflight/tasks/main.yml") if t.get("name") == MIG_TASK)
+    found = dict(inventory_hostname="h200", preflight_type=workload_type,
+                 gpu_facts_gpus=[dict(H200_GPU, mig_instances=instances), {"address": "0000:00:07.0", "driver": None}])
+    found.update(trusted(task_["vars"]))
+    t = templar(found)
+    check = task_["ansible.builtin.assert"]
+    return (t.evaluate_conditional(trusted(task_["when"])),
+            all(t.evaluate_conditional(trusted(c)) for c in check["that"]),
+            " ".join(t.template(trusted(check["fail_msg"])).split()))
+
+
+def test_a_gpu_in_mig_mode_stops_a_switch_to_a_vm_type_with_the_way_out():
+    runs, passes, message = mig_outcome("vm-passthrough", 7)
+    assert runs and not passes
+    assert message.startswith("h200 is to become a vm-passthrough node, but its GPUs 0000:00:06.0 have MIG GPU "
+                              "instances") and "gpuops_mig_config: all-disabled" in message
+    assert mig_outcome("vm-vgpu", 2)[:2] == (True, False) and mig_outcome("dra", 1)[:2] == (True, False)
+    # No instances (MIG off, or not on nvidia: null), or a container node: nothing to stop.
+    assert mig_outcome("vm-passthrough", 0)[:2] == (True, True)
+    assert mig_outcome("vm-passthrough", None)[:2] == (True, True)
+    assert mig_outcome("container", 7)[0] is False

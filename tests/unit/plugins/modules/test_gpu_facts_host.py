@@ -322,3 +322,16 @@ def test_module_returns_gpuops_host(monkeypatch, host):
     assert facts["gpu_facts_host"]["kernel"] == "6.1.0-18-amd64"
     assert facts["gpu_facts_host"]["sriov"][st.A100] == {"numvfs": 2, "totalvfs": 20}
     assert host.snapshot() == before
+
+
+def test_mig_instances_of_a_gpu_are_counted_from_the_drivers_capabilities(host):
+    """The nvidia driver keeps a gi<N> directory per MIG GPU instance under capabilities/gpu<minor>/mig."""
+    from ansible_collections.gpuops.sandbox.plugins.module_utils import _vfio
+    address = st.A100
+    assert _vfio.mig_instances(address, host.root) is None  # no nvidia information file: not the nvidia driver's
+    host.write("/proc/driver/nvidia/gpus/%s/information" % address, "Model: A100\nDevice Minor: \t 3\n")
+    assert _vfio.mig_instances(address, host.root) == 0
+    for name in ("gi1/access", "gi2/access", "gi2/ci0/access", "config", "monitor"):
+        host.write("/proc/driver/nvidia/capabilities/gpu3/mig/" + name, "DeviceFileMinor: 1\n")
+    host.write("/proc/driver/nvidia/capabilities/gpu0/mig/gi9/access", "x\n")  # another GPU's
+    assert _vfio.mig_instances(address, host.root) == 2
