@@ -106,11 +106,31 @@ def report(what, seconds):
     print("test_75 timing: %s %.1f s" % (what, seconds), file=sys.stderr)
 
 
+# GPU sharing (issue 27) from the first install on: lab-container is the H200 host of FACTS.md, asking for seven MIG
+# instances and four-way time-slicing. (A later change of chart values would be a Helm upgrade, whose pre-upgrade
+# hook Job never completes without a kubelet; labels can change at any time.)
+H200_GPUS = [{"address": "0000:00:06.0", "vendor": "10de", "device": "2335", "class": "030200", "driver": "nvidia",
+              "is_bridge": False}]
+HOST_DRIVER = {"nvidia_driver": {"loaded": True, "version": "580.159.04", "host_module": "updates/dkms/nvidia.ko.zst",
+                                 "source": "host"}}
+SHARING = {"gpuops_mig_configs": {"all-disabled": [{"devices": "all", "mig-enabled": False}],
+                                  "h200-seven": [{"devices": "all", "mig-enabled": True,
+                                                  "mig-devices": {"1g.18gb": 7}}]},
+           "gpuops_device_plugin_configs": {"four-way": {"sharing": {"timeSlicing": {"resources": [
+               {"name": "nvidia.com/gpu", "replicas": 4}]}}}}}
+SHARING_HOSTS = {"lab-container": {"gpu_facts_gpus": H200_GPUS, "gpuops_mig_config": "h200-seven",
+                                   "gpuops_device_plugin_config": "four-way"}}
+
+
 def inventory(tmp_path, api, name="inv", hosts=None, extra=None):
-    """The four GPU hosts with the facts gpu_facts would give for an A10, pointed at the real charts."""
+    """The four GPU hosts with the facts gpu_facts would give for an A10 (lab-container an H200 with GPU sharing),
+    pointed at the real charts; ``hosts`` adds to a host's variables."""
     all_vars = chart_path_vars(api, CHARTS, PULL_SECRET, [])
+    all_vars.update(SHARING)
     all_vars.update(extra or {})
-    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(NODES, hosts), VENV_PYTHON)
+    merged = {h: dict(SHARING_HOSTS.get(h, {}), **v) for h, v in (hosts or {}).items()}
+    merged.update({h: v for h, v in SHARING_HOSTS.items() if h not in merged})
+    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(NODES, merged), VENV_PYTHON)
 
 
 def playbook(lab, inv, name="cluster.yml", *extra):
@@ -516,3 +536,43 @@ def test_a_dra_node_turned_container_gets_the_container_operands(reconciled, tmp
     assert proc.returncode == 0, proc.stdout[-8000:]
     assert all(r["changed"] == 0 for r in recaps(proc.stdout).values()), proc.stdout[-8000:]
     assert labelled(api, types)[1]["lab-dra"] == expected_deploy_labels("container")
+
+
+def volume_configmaps(daemonset):
+    return sorted(v["configMap"]["name"] for v in daemonset["spec"]["template"]["spec"].get("volumes") or []
+                  if v.get("configMap"))
+
+
+def test_sharing_and_a_pre_installed_driver_reach_the_operators_operands(reconciled, tmp_path):
+    """lab-container, an H200 asking for seven MIG instances and four-way time-slicing, turns out to have its driver
+    installed on the host. The real operator wires what the chart and the labels ask: the device plugin DaemonSet
+    has the config-manager and the collection's ConfigMap, the MIG Manager's DaemonSet mounts the collection's
+    mig-parted configuration, and the driver DaemonSet no longer selects the node, whose deploy.driver label is the
+    collection's false (kept by the operator)."""
+    api = reconciled["api"]
+    hosts = {"lab-passthrough": {"gpuops_workload_type": "container"}, "lab-dra": {"gpuops_workload_type": "container"},
+             "lab-container": {"gpu_facts_host": HOST_DRIVER}}
+    proc, _seconds = playbook(reconciled, inventory(tmp_path, api, name="inv-sharing", hosts=hosts))
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    labels = node_labels(api)["lab-container"]
+    assert (labels.get("nvidia.com/mig.config"), labels.get("nvidia.com/device-plugin.config"),
+            labels.get(DEPLOY + "driver")) == ("h200-seven", "four-way", "false")
+
+    def wired():
+        sets = operand_daemonsets(api)
+        plugin, mig = sets.get("nvidia-device-plugin-daemonset"), sets.get("nvidia-mig-manager")
+        seen = {"plugin": plugin and (volume_configmaps(plugin),
+                                      [c["name"] for c in plugin["spec"]["template"]["spec"]["containers"]]),
+                "mig": mig and volume_configmaps(mig)}
+        done = bool(plugin and mig and "gpuops-device-plugin-config" in seen["plugin"][0]
+                    and "config-manager" in seen["plugin"][1] and "gpuops-mig-parted-config" in seen["mig"])
+        return done, seen
+
+    wait_for("the operator wires the collection's ConfigMaps into its operands", wired, timeout=180)
+    where = placement(api)
+    assert "lab-container" not in where["nvidia-driver-daemonset"], where
+    assert sorted(where["nvidia-driver-daemonset"]) == ["lab-dra", "lab-passthrough"], where
+    assert "lab-container" in where["nvidia-device-plugin-daemonset"], where
+    policy = kget(api, "clusterpolicy", "cluster-policy")["spec"]
+    assert policy["devicePlugin"]["config"]["name"] == "gpuops-device-plugin-config"
+    assert policy["driver"]["enabled"] is True  # not every container node has a driver of its own
