@@ -33,15 +33,17 @@ NVIDIA = "10de"
 # mig-parted configuration. Other GPUs are described with gpuops_mig_profiles (:func:`profile_table`).
 
 
-def _family(model, compute, memory, small, profiles):
+def _family(model, compute, memory, profiles):
+    """A GPU model's table entry; the first of ``profiles`` (the smallest) also comes with the media engines (+me)."""
+    smallest, _count, c_me, m_me = profiles[0]
     return {"model": model, "compute": compute, "memory": memory,
             "profiles": {name: {"max": count, "compute": c, "memory": m}
-                         for name, count, c, m in [(small + "+me", 1) + profiles[0][2:]] + list(profiles)}}
+                         for name, count, c, m in [(smallest + "+me", 1, c_me, m_me)] + list(profiles)}}
 
 
 def _seven(model, mem1, mem1x2, mem2, mem3, mem4, mem7):
     """The seven-slice family (A100, H100, H200, B200): the profiles are the same shapes with other memory sizes."""
-    return _family(model, 7, 8, "1g.%dgb" % mem1, [
+    return _family(model, 7, 8, [
         ("1g.%dgb" % mem1, 7, 1, 1), ("1g.%dgb" % mem1x2, 4, 1, 2), ("2g.%dgb" % mem2, 3, 2, 2),
         ("3g.%dgb" % mem3, 2, 3, 4), ("4g.%dgb" % mem4, 1, 4, 4), ("7g.%dgb" % mem7, 1, 7, 8)])
 
@@ -54,7 +56,7 @@ _H200 = _seven("H200-141GB", 18, 35, 35, 71, 71, 141)
 _GH200_144 = _seven("GH200 144G HBM3e", 18, 36, 36, 72, 72, 144)
 _B200 = _seven("B200", 23, 45, 45, 90, 90, 180)
 _GB200 = _seven("GB200", 23, 47, 47, 93, 93, 186)
-_A30 = _family("A30-24GB", 4, 4, "1g.6gb", [("1g.6gb", 4, 1, 1), ("2g.12gb", 2, 2, 2), ("4g.24gb", 1, 4, 4)])
+_A30 = _family("A30-24GB", 4, 4, [("1g.6gb", 4, 1, 1), ("2g.12gb", 2, 2, 2), ("4g.24gb", 1, 4, 4)])
 _A30["profiles"]["2g.12gb+me"] = {"max": 1, "compute": 2, "memory": 2}
 
 MIG_GPUS = {}

@@ -298,11 +298,9 @@ def nvidia_device_nodes(address, root="/"):
     cannot be read, every ``/dev/nvidiaN`` of the host is returned (refusing too often beats hanging in
     an unbind), and ``/dev/nvidia0`` when ``/dev`` shows none.
     """
-    info = host_path(root, "/proc/driver/nvidia/gpus/%s/information" % address)
-    text = read_attr(info, default="")
-    match = _NVIDIA_MINOR_RE.search(text)
-    if match:
-        return ["/dev/nvidia%d" % int(match.group(1))]
+    minor = nvidia_minor(address, root)
+    if minor is not None:
+        return ["/dev/nvidia%d" % minor]
     try:
         names = os.listdir(host_path(root, "/dev"))
     except (IOError, OSError):
