@@ -16,7 +16,9 @@ version_added: 0.4.0
 description:
   - Takes what P(gpuops.sandbox.readiness_table#filter) takes and returns a dict with C(nodes) (every GPU
     node's C(host_verify_report), or C(ready=false, checked=false) for a node without one), C(ready) (how
-    many are ready), C(total) and C(all_ready).
+    many are ready), C(total) and C(all_ready), and C(managed_elsewhere), how many nodes' hosts another tool
+    prepares (C(gpuops_host_managed=false); their report has C(managed=false) and C(ready=null), and they are
+    not in C(total)).
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
@@ -56,8 +58,11 @@ def readiness_document(reports, hosts):
         report = dict(by_host.get(row[0]) or {"host": row[0], "ready": False, "checked": False})
         report.setdefault("checked", True)
         nodes.append(report)
-    return {"ready": sum(1 for n in nodes if n.get("ready") is True), "total": len(nodes),
-            "all_ready": all(n.get("ready") is True for n in nodes), "nodes": nodes}
+    # A node whose host another tool prepares (managed false) is listed but neither counted nor checked here.
+    counted = [n for n in nodes if n.get("managed") is not False]
+    return {"ready": sum(1 for n in counted if n.get("ready") is True), "total": len(counted),
+            "all_ready": all(n.get("ready") is True for n in counted), "managed_elsewhere": len(nodes) - len(counted),
+            "nodes": nodes}
 
 
 class FilterModule:

@@ -31,6 +31,9 @@ description:
     A node without a GPU that its inventory allows (C(gpuops_gpus_optional)) reads C(no GPU found, allowed by the
     inventory); without that, its check C(GPUs matching the selectors) fails.
   - A node without a report (unreachable, or failed before the check) gets a row saying so.
+  - A node whose host another tool prepares (C(gpuops_host_managed=false); its report has C(managed=false)) reads
+    C(-) under READY and C(host managed elsewhere) with the GPUs and sharing the inventory gives;
+    the last line counts it apart from the nodes checked here.
   - P(gpuops.sandbox.readiness_document#filter) returns the same data as a dict for a JSON file.
 author:
   - gpuops.sandbox contributors (@gpuops)
@@ -78,7 +81,14 @@ COLUMNS = (("HOST", 32), ("TYPE", 14), ("READY", 6), ("VFIO", 4), ("MDEVS", 5))
 MIN_WIDTH = 12 + sum(cap for name, cap in COLUMNS[1:]) + 2 * len(COLUMNS) + 16
 
 
+def _managed(report):
+    """False for a node whose host another tool prepares (gpuops_host_managed: false): nothing of it is checked here."""
+    return report.get("managed") is not False
+
+
 def _ready(report):
+    if not _managed(report):
+        return "-"
     if report.get("ready"):
         return "yes"
     return "reboot" if report.get("reboot_pending") else "NO"
@@ -104,6 +114,9 @@ def _serving(report):
 
 
 def _detail(report):
+    if not _managed(report):
+        gpus = " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or [])
+        return " ".join(["host managed elsewhere:"] + ([gpus] if gpus else []) + _serving(report))
     failed = [c.get("check", "?") for c in report.get("checks") or [] if not c.get("ok")]
     if failed:
         return "failed: " + ", ".join(failed)
@@ -154,7 +167,9 @@ def readiness_table(reports, hosts, width=100, lines=False):
         table.append("  ".join(cell.ljust(size) for cell, size in zip(cells, sizes)) + "  " + wrapped[0])
         table.extend(" " * left + more for more in wrapped[1:])
     ready = sum(1 for row in rows if row[2] == "yes")
-    table.append("%d of %d GPU nodes ready" % (ready, len(rows)))
+    elsewhere = sum(1 for row in rows if row[2] == "-")
+    table.append("%d of %d GPU nodes ready" % (ready, len(rows) - elsewhere)
+                 + (", %d more managed elsewhere" % elsewhere if elsewhere else ""))
     table = [line.rstrip() for line in table]
     return table if as_lines else "\n".join(table)
 

@@ -67,6 +67,22 @@ def test_a_container_node_says_which_driver_serves_it_and_how_it_shares_its_gpus
     assert (document["nodes"][0]["driver"], document["nodes"][0]["mig_config"]) == ("host", "all-1g.18gb")
 
 
+def test_a_node_managed_elsewhere_is_listed_apart_from_the_nodes_checked_here():
+    """gpuops_host_managed false: READY is -, the detail says so with what the inventory gives, and the totals leave
+    it out (one ready node of one checked here, all ready)."""
+    other = {"host": "h200", "workload_type": "container", "managed": False, "ready": None, "gpus": ["0000:00:06.0=nvidia"],
+             "mdevs": "-", "mig_config": "all-1g.18gb", "checks": []}
+    table = readiness_table([READY, other], ["gpu-a", "h200"], width=200).split("\n")
+    row = next(line for line in table if line.startswith("h200"))
+    assert row.split()[:4] == ["h200", "container", "-", "-"]
+    assert row.split()[5:] == ["host", "managed", "elsewhere:", "00:06.0=nvidia", "MIG", "all-1g.18gb"]
+    assert table[-1] == "1 of 1 GPU nodes ready, 1 more managed elsewhere"
+    doc = readiness_document([READY, other], ["gpu-a", "h200"])
+    assert (doc["ready"], doc["total"], doc["all_ready"], doc["managed_elsewhere"]) == (1, 1, True, 1)
+    # Without the key (every report host_verify writes) a node counts as checked here.
+    assert readiness_document([READY], ["gpu-a"])["managed_elsewhere"] == 0
+
+
 def test_the_document_has_every_node():
     doc = readiness_document([READY, FAILED], ["gpu-a", FAILED["host"], "gpu-d"])
     assert json.loads(json.dumps(doc)) == doc
