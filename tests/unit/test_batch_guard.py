@@ -19,8 +19,11 @@ TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 HOSTS = ["h1", "h2", "h3", "h4"]
 
 
-def rolling(tmp_path, *extra):
+def rolling(tmp_path, *extra, elsewhere=False):
+    """The play on h1-h4; with `elsewhere`, first also on a host another tool prepares (gpuops_host_managed false),
+    which prepare_hosts.yml's first task ends the play for."""
     play = [{"name": "rolling", "hosts": "all", "gather_facts": False, "serial": 2, "tasks": [
+        {"name": "Unmanaged", "ansible.builtin.import_tasks": os.path.join(TOP, "playbooks", "tasks", "cluster_only.yml")},
         {"name": "Guard", "ansible.builtin.import_tasks": os.path.join(TOP, "playbooks", "tasks", "batch_guard.yml")},
         {"name": "Reboot h1", "ansible.builtin.include_role": {"name": "gpuops.sandbox.host_reboot", "tasks_from": "reboot.yml"},
          "when": "inventory_hostname == 'h1'", "vars": {"host_reboot_reasons": ["test"], "host_reboot_kubeconfig": ""}},
@@ -29,6 +32,10 @@ def rolling(tmp_path, *extra):
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     inventory = {"all": {"hosts": dict((h, {"ansible_connection": "local", "ansible_python_interpreter": sys.executable})
                                        for h in HOSTS)}}
+    if elsewhere:
+        inventory["all"]["hosts"] = dict({"h0": {"ansible_connection": "local", "gpuops_host_managed": False,
+                                                 "gpu_facts_gpus": [{"address": "0000:00:06.0", "driver": "nvidia"}]}},
+                                         **inventory["all"]["hosts"])
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     return ansible_playbook("-i", tmp_path / "hosts.yml", tmp_path / "play.yml", *extra)
 
@@ -52,3 +59,15 @@ def test_a_failure_budget_lets_the_play_carry_on(tmp_path, budget, carries_on):
     assert "worked on h2" in out
     for host in HOSTS[2:]:
         assert ("worked on %s" % host in out) == carries_on, out[-3000:]
+
+
+def test_a_host_managed_elsewhere_is_not_a_failed_host(tmp_path):
+    """h0 leaves the play in its first task (gpuops_host_managed false) and h1 fails: the budget of one failed host
+    in four lets the later batches carry on, and the message counts four hosts, not five."""
+    rc, out = rolling(tmp_path, "-e", "gpuops_max_fail_percentage=25", elsewhere=True)
+    assert rc != 0 and "worked on h2" in out
+    for host in HOSTS[2:]:
+        assert "worked on %s" % host in out, out[-3000:]
+    assert "worked on h0" not in out
+    rc, out = rolling(tmp_path, elsewhere=True)
+    assert "Not started: 1 of 4 hosts failed in earlier batches (h1)" in out, out[-3000:]
