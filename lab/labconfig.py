@@ -98,10 +98,12 @@ def load_inventory():
 
 
 def lab_hosts():
-    """Return the host names of inventories/lab/hosts.yml, in file order."""
+    """Return the host names of inventories/lab/hosts.yml, in file order, but those with gpuops_host_managed: false
+    (a node whose host another tool prepares: the cluster lab has a Node for it, and no VM stands for its host)."""
+    data = load_inventory()
     names = []
-    for name, _hostvars, _groups in inventory_entries(load_inventory()):
-        if name not in names:
+    for name, _hostvars, _groups in inventory_entries(data):
+        if name not in names and inventory_host_vars(data, name).get("gpuops_host_managed", True) is not False:
             names.append(name)
     if not names:
         raise LabError("the lab inventory %s names no hosts" % INVENTORY_HOSTS)

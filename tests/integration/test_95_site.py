@@ -19,6 +19,7 @@ import sys
 
 import ansible_runner
 import pytest
+import yaml
 
 from conftest import TOP, lab, run as run_cmd
 
@@ -168,3 +169,40 @@ def test_site_is_a_noop_on_prepared_hosts(site_run, settled_lab, kube_api):
         assert entry in phd.get("mediatedDevices", []), (entry, phd)
     summary = re.search(r"KubeVirt (\d+) PCI \+ (\d+) mediated entries", out)
     assert summary and int(summary.group(2)) >= len(types), out[-3000:]
+
+
+def test_site_shares_the_container_nodes_gpus(site_run, kube_api):
+    """The main job's cluster carries GPU sharing on its two container nodes: lab-container (a lab VM) time-sliced
+    four ways, lab-h200 (a node whose host another tool prepares: no play connects to it) with seven MIG instances
+    of the operator's default configuration and its driver installed on the host. The real chart stored both in the
+    ClusterPolicy and the device plugin's ConfigMap; lab-h200 reads as managed elsewhere in the readiness report.
+    (What the real operator deploys for them is test_75's, and `make site`'s.)"""
+    result, out = site_run
+    assert result.rc == 0, out[-3000:]
+    kubectl = [os.path.join(kube_api["bin_dir"], "kubectl"), "--kubeconfig", kube_api["kubeconfig"]]
+
+    def labels(node):
+        return json.loads(run_cmd(kubectl + ["get", "node", node, "-o", "json"], check=True).stdout)["metadata"]["labels"]
+
+    h200, container = labels("lab-h200"), labels("lab-container")
+    assert (h200.get("nvidia.com/gpu.workload.config"), h200.get("nvidia.com/mig.config"),
+            h200.get("nvidia.com/gpu.deploy.driver")) == ("container", "all-1g.18gb", "false"), h200
+    assert "nvidia.com/device-plugin.config" not in h200, h200
+    assert container.get("nvidia.com/device-plugin.config") == "lab-four-way", container
+    assert "nvidia.com/mig.config" not in container and "nvidia.com/gpu.deploy.driver" not in container, container
+    policy = json.loads(run_cmd(kubectl + ["get", "clusterpolicy", "-o", "json"], check=True).stdout)["items"]
+    assert len(policy) == 1, policy
+    spec = policy[0]["spec"]
+    assert spec["mig"]["strategy"] == "single" and spec["driver"]["enabled"] is True, (spec["mig"], spec["driver"])
+    config = spec["devicePlugin"]["config"]["name"]
+    data = json.loads(run_cmd(kubectl + ["get", "configmap", config, "-n", "gpu-operator", "-o", "json"],
+                              check=True).stdout)["data"]
+    four_way = yaml.safe_load(data["lab-four-way"])
+    assert four_way["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}], four_way
+    recap = out[out.index("PLAY RECAP"):]
+    line = re.search(r"^lab-h200\s+:(.*)$", recap, re.M)
+    assert line and "unreachable=0" in line.group(1) and "failed=0" in line.group(1), recap
+    # The table's rows as words (under the json result format each line is a quoted list item).
+    words = " ".join(re.sub(r'"|,$', " ", out, flags=re.M).split())
+    assert re.search(r"lab-h200 container - - - host managed elsewhere: 00:06\.0=nvidia \(driver: host 580\.159\.04\) "
+                     r"MIG all-1g\.18gb", words), out[-4000:]

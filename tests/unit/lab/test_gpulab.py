@@ -115,6 +115,20 @@ all:
         gpulab.select_hosts(["c-host"])
 
 
+def test_a_host_the_collection_does_not_manage_gets_no_vm(gpulab):
+    write_hosts(gpulab, """
+all:
+  children:
+    gpu_nodes:
+      children:
+        container: {hosts: {b-host: null, elsewhere: {gpuops_host_managed: false}}}
+        vm_vgpu: {hosts: {a-host: {gpuops_host_managed: true}}}
+""")
+    assert gpulab.lab_hosts() == ["b-host", "a-host"]
+    with pytest.raises(gpulab.LabError, match=r"unknown lab host\(s\) elsewhere"):
+        gpulab.select_hosts(["elsewhere"])
+
+
 def test_a_host_without_autostart_starts_only_when_named(gpulab):
     write_hosts(gpulab, """
 all:

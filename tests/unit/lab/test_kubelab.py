@@ -384,8 +384,17 @@ def test_lab_nodes_follow_the_inventory(nodes, tmp_path):
 
 
 def test_the_real_lab_inventory_gives_one_node_per_workload_type(nodes):
-    assert nodes.lab_hosts() == [("lab-container", "container"), ("lab-passthrough", "vm-passthrough"),
-                                 ("lab-vgpu", "vm-vgpu"), ("lab-dra", "dra")]
+    assert nodes.lab_hosts() == [("lab-container", "container"), ("lab-h200", "container"),
+                                 ("lab-passthrough", "vm-passthrough"), ("lab-vgpu", "vm-vgpu"), ("lab-dra", "dra")]
+
+
+def test_a_node_without_a_lab_vm_carries_what_gpu_feature_discovery_would_find(nodes):
+    """lab-h200 (gpuops_host_managed: false) stands for a real H200 host: the operator decides MIG capability from
+    nvidia.com/mig.capable, which GFD sets on a real node."""
+    made = {n["metadata"]["name"]: n for n in nodes.lab_nodes()}
+    assert made["lab-h200"]["metadata"]["labels"]["nvidia.com/mig.capable"] == "true"
+    assert made["lab-h200"]["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    assert "nvidia.com/mig.capable" not in made["lab-container"]["metadata"]["labels"]
 
 
 def test_the_dra_host_gets_the_slice_its_driver_would_publish(nodes):
