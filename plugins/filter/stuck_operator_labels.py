@@ -172,8 +172,8 @@ def _entry(node, value, labels, node_labels, pods):
     entry.update(manager=app, state=state, pods=sorted(pods.get((node, app), [])))
     if entry["pods"] and state not in ENDED_STATES:
         verdict = "working"
-        entry["reason"] = "%s pod %s is at work, %s=%s" % (app, ", ".join(entry["pods"]), state_label,
-                                                          state if state is not None else "(unset)")
+        shown_state = state if state is not None else "(unset)"
+        entry["reason"] = "%s pod %s is at work, %s=%s" % (app, ", ".join(entry["pods"]), state_label, shown_state)
     elif entry["pods"]:
         verdict = "stuck"
         entry["reason"] = "its %s pod %s has ended the change (%s=%s)" % (app, ", ".join(entry["pods"]), state_label, state)
