@@ -1,4 +1,5 @@
-"""Which paused GPU Operator deploy labels are stuck (no MIG Manager or vGPU Device Manager works on the node)."""
+"""Which paused GPU Operator deploy labels are stuck (no MIG Manager or vGPU Device Manager works on the node), and
+the rights validate.yml asks for to find and repair them."""
 
 import copy
 
@@ -6,6 +7,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.sandbox.plugins.filter.stuck_operator_labels import FilterModule
+from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
 
 stuck_operator_labels = FilterModule().filters()["stuck_operator_labels"]
 
@@ -161,3 +163,27 @@ def test_bad_input_is_named(nodes, pods, names, message):
     with pytest.raises(AnsibleFilterError) as error:
         stuck_operator_labels(nodes, pods, names)
     assert message in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# validate.yml asks the API server, before anything, for the rights the check needs
+# ---------------------------------------------------------------------------------------------
+
+def permissions(**inputs):
+    play = next(p for p in load("playbooks/validate.yml") if p["name"] == "Validate the GPU nodes in the cluster")
+    access = next(t for t in play["tasks"] if "gpuops.sandbox.kube_access" in t)
+    variables = dict(trusted(access.get("vars") or {}), **inputs)
+    found = templar(variables).template(trusted(access["gpuops.sandbox.kube_access"]["permissions"]))
+    return sorted((p["verb"], p["resource"]) for p in found)
+
+
+@pytest.mark.parametrize("inputs, wanted", [
+    ({}, [("get", "nodes"), ("list", "nodes"), ("list", "pods")]),
+    ({"gpuops_repair_stuck_labels": True}, [("get", "nodes"), ("list", "nodes"), ("list", "pods"), ("patch", "nodes")]),
+    ({"gpuops_repair_stuck_labels": True, "cluster_validate_repair_stuck_labels": False},
+     [("get", "nodes"), ("list", "nodes"), ("list", "pods")]),
+    ({"cluster_validate_repair_stuck_labels": "true"}, [("get", "nodes"), ("list", "nodes"), ("list", "pods"), ("patch", "nodes")]),
+    ({"cluster_validate_stuck_labels": False, "gpuops_repair_stuck_labels": True}, [("get", "nodes")]),
+])
+def test_validate_asks_for_list_pods_and_patch_nodes_only_when_they_are_used(inputs, wanted):
+    assert permissions(**inputs) == wanted
