@@ -37,11 +37,16 @@ from conftest import (UPSTREAM, VENV_PYTHON, delete_crds, flat, gpu_host_vars, h
                       recaps, restore_cluster_policy, timed_playbook, value_paths, write_inventory)
 
 OLD_CHART = os.path.join(UPSTREAM, "gpu-operator-v25.10.1", "chart")
+OLD_DRA = os.path.join(UPSTREAM, "dra-driver-nvidia-gpu-v0.4.1", "chart")
+NEW_DRA = os.path.join(UPSTREAM, "dra-driver-nvidia-gpu", "chart")
+DRA_NAMESPACE, DRA_RELEASE = "gpuops-dra-upgrade-76", "dra-driver-76"
+DRA_CRDS = ("computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com")
 NEW_CHART = os.path.join(UPSTREAM, "gpu-operator", "chart")
 NAMESPACE, RELEASE = "gpuops-upgrade-76", "gpu-operator-76"
 NEW_VERSION = "v26.8.0-dev"
 POLICY_CRD = "clusterpolicies.nvidia.com"
 NODES = {"lab-container": "container"}
+LABELLED = ("lab-container", "lab-dra")
 HOOK_OBJECTS = (("job", "gpu-operator-upgrade-crd", NAMESPACE), ("serviceaccount", "gpu-operator-upgrade-crd-hook-sa", NAMESPACE),
                 ("clusterrole", "gpu-operator-upgrade-crd-hook-role", None),
                 ("clusterrolebinding", "gpu-operator-upgrade-crd-hook-binding", None))
@@ -69,7 +74,7 @@ def state(lab):
             "secrets": sorted(kubectl(api, "get", "secrets", "-n", NAMESPACE, "-l", "owner=helm", "-o", "name").stdout.split()),
             "crd": crd["metadata"]["resourceVersion"],
             "policy": policy and policy["metadata"]["resourceVersion"],
-            "labels": {n: kget(api, "node", n)["metadata"].get("labels") for n in NODES}}
+            "labels": {n: kget(api, "node", n)["metadata"].get("labels") for n in LABELLED}}
 
 
 def inventory(lab, chart, name, extra=None):
@@ -81,7 +86,8 @@ def inventory(lab, chart, name, extra=None):
                 "gpu_operator_namespace": NAMESPACE, "gpu_operator_release_name": RELEASE,
                 "gpu_operator_default_workload": "vm-passthrough", "ansible_python_interpreter": VENV_PYTHON}
     all_vars.update(extra or {})
-    return write_inventory(lab["tmp"], name, all_vars, gpu_host_vars(NODES), VENV_PYTHON)
+    nodes = {"lab-dra": "dra"} if all_vars.get("gpuops_gpu_operator_enabled") is False else NODES
+    return write_inventory(lab["tmp"], name, all_vars, gpu_host_vars(nodes), VENV_PYTHON)
 
 
 def playbook(lab, chart, name, what, extra=None):
@@ -122,12 +128,13 @@ def lab(kube_api, tmp_path_factory):
     found_crd = kfind(api, "crd", POLICY_CRD)
     # A cluster that ran v25.10.1: its ClusterPolicy CRD (Helm keeps a CRD that is there, the session's stand-in).
     kubectl(api, "replace" if found_crd else "create", "-f", os.path.join(OLD_CHART, "crds", "nvidia.com_clusterpolicies.yaml"))
-    nodes = {n: kget(api, "node", n) for n in NODES}
+    nodes = {n: kget(api, "node", n) for n in LABELLED}
     started = time.monotonic()
     try:
         yield {"api": api, "helm_env": helm_env, "tmp": root, "stamped": stamped}
     finally:
         helm(api, helm_env, "uninstall", RELEASE, "-n", NAMESPACE, "--no-hooks", check=False)
+        helm(api, helm_env, "uninstall", DRA_RELEASE, "-n", DRA_NAMESPACE, "--no-hooks", check=False)
         for kind, name, namespace in HOOK_OBJECTS:
             kubectl(api, "delete", kind, name, *(["-n", namespace] if namespace else []), "--ignore-not-found",
                     "--wait=false", check=False)
@@ -149,7 +156,7 @@ def lab(kube_api, tmp_path_factory):
         assert set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) == crds
         now = kfind(api, "crd", POLICY_CRD)
         assert (now and now["spec"]["versions"]) == (found_crd and found_crd["spec"]["versions"])
-        assert {n: kget(api, "node", n)["metadata"].get("labels") for n in NODES} == \
+        assert {n: kget(api, "node", n)["metadata"].get("labels") for n in LABELLED} == \
             {n: o["metadata"].get("labels") for n, o in nodes.items()}
 
 
@@ -263,3 +270,27 @@ def test_a_release_left_pending_by_a_killed_run_is_rolled_back_when_asked(lab):
     values = json.loads(helm(api, lab["helm_env"], "get", "values", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
     assert values["operator"] == {"upgradeCRD": False}
     assert recaps(proc.stdout)["localhost"]["failed"] == 0
+
+
+def test_the_dra_driver_upgrade_applies_its_crds_first(lab):
+    """The DRA driver 0.4.1 installed through cluster.yml (GPU Operator off), then moved to 0.5.0-dev: the run applies
+    the new chart's ComputeDomain CRDs (the same schemas in these two versions) with the collection's field manager
+    before the upgrade, and says so."""
+    if not (os.path.isdir(OLD_DRA) and os.path.isdir(NEW_DRA)):
+        pytest.skip("the upstream DRA driver charts are not beside this checkout")
+    api = lab["api"]
+    dra = {"gpuops_gpu_operator_enabled": False, "dra_driver_chart_repo_url": "", "dra_driver_namespace": DRA_NAMESPACE,
+           "dra_driver_release_name": DRA_RELEASE, "dra_driver_claim_templates": [],
+           "dra_driver_helm_binary": os.path.join(api["bin_dir"], "helm")}
+    proc = playbook(lab, OLD_CHART, "dra-old", "DRA driver 0.4.1 install", dict(dra, dra_driver_chart_ref=OLD_DRA))
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    proc = playbook(lab, OLD_CHART, "dra-new", "DRA driver upgrade to 0.5.0-dev", dict(dra, dra_driver_chart_ref=NEW_DRA))
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert "Helm release %s/%s goes from chart 0.4.1 to 0.5.0-dev: the new chart's CRDs were applied first" % (
+        DRA_NAMESPACE, DRA_RELEASE) in said(proc), proc.stdout[-6000:]
+    found = json.loads(helm(api, lab["helm_env"], "history", DRA_RELEASE, "-n", DRA_NAMESPACE, "-o", "json").stdout)
+    assert [(r["revision"], r["status"], r["chart"]) for r in found] == [
+        (1, "superseded", "dra-driver-nvidia-gpu-0.4.1"), (2, "deployed", "dra-driver-nvidia-gpu-0.5.0-dev")]
+    for name in DRA_CRDS:
+        crd = kget(api, "crd", name, "--show-managed-fields")
+        assert "gpuops-sandbox" in [m["manager"] for m in crd["metadata"]["managedFields"] if m["operation"] == "Apply"]
