@@ -486,6 +486,56 @@ def test_skipped_without_kubeconfig(kube_api, helm_repo, tmp_path):
     assert snapshot(kube_api) == before
 
 
+def test_a_node_joining_with_limit_touches_nothing_else(kube_api, helm_repo, tmp_path):
+    """A node joins (lab-h200, a vm-passthrough host with an L40S) and the cluster half runs for it alone
+    (--limit lab-h200,localhost): it is labelled and its GPU permitted in the KubeVirt CR; no other node's labels,
+    no other KubeVirt entry and no Helm release change, although the other hosts have no facts in such a run. The
+    same run again changes nothing."""
+    l40s = {"address": "0000:41:00.0", "vendor": "10de", "device": "26b9", "class": "030200", "driver": "vfio-pci",
+            "is_vf": False, "mdev_types": [], "vgpu": None}
+    joined = dict(NODES, **{"lab-h200": "vm-passthrough"})
+    host_vars = gpu_host_vars(joined, {"lab-h200": {"gpu_facts_gpus": [l40s]}})
+    for host in NODES:  # the hosts outside the limit: no facts in this run
+        del host_vars[host]["gpu_facts_gpus"]
+    all_vars = {"gpuops_kubeconfig": kube_api["kubeconfig"], "gpuops_vgpu_device_config": VGPU_CONFIG,
+                "ansible_python_interpreter": VENV_PYTHON}
+    inv = write_inventory(tmp_path, "joined", all_vars, host_vars, VENV_PYTHON)
+    kubevirt_before = kget(kube_api, "kubevirt", "kubevirt", "-n", "kubevirt")
+    before = snapshot(kube_api)
+    try:
+        proc = playbook(helm_repo, inv, "cluster.yml", "--limit", "lab-h200,localhost")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        flat = " ".join(proc.stdout.split())
+        assert "the cluster half labels lab-h200 and adds their KubeVirt entries; the other 3 GPU nodes" in flat, flat[-3000:]
+        after = snapshot(kube_api)
+        assert after["nodes"] == before["nodes"] and after["releases"] == before["releases"]
+        assert kget(kube_api, "node", "lab-h200")["metadata"]["labels"][WL] == "vm-passthrough"
+        old = before["kubevirt"][1]["configuration"]["permittedHostDevices"]
+        new = after["kubevirt"][1]["configuration"]["permittedHostDevices"]
+        assert [e for e in new["pciHostDevices"] if e not in old["pciHostDevices"]] == [
+            {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/AD102GL_L40S", "externalResourceProvider": True}]
+        assert [e for e in old["pciHostDevices"] if e not in new["pciHostDevices"]] == []
+        assert new["mediatedDevices"] == old["mediatedDevices"]
+        assert "GPU Operator left as it is (--limit)" in flat
+        proc = playbook(helm_repo, inv, "cluster.yml", "--limit", "lab-h200,localhost")
+        assert proc.returncode == 0 and recap(proc.stdout)["changed"] == 0, proc.stdout[-6000:]
+        # Without localhost in the limit nothing runs on the cluster, and the run says how to include it.
+        proc = playbook(helm_repo, inv, "cluster.yml", "--limit", "lab-h200")
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        flat = " ".join(proc.stdout.split())
+        assert "leaves out localhost" in flat and "--limit lab-h200,localhost" in flat, proc.stdout[-3000:]
+    finally:
+        kubectl(kube_api, "label", "node", "lab-h200", WL + "-", check=False)
+        kubectl(kube_api, "annotate", "node", "lab-h200", "gpuops.sandbox/labels-", check=False)
+        meta = kubevirt_before["metadata"].get("annotations") or {}
+        now = (kget(kube_api, "kubevirt", "kubevirt", "-n", "kubevirt")["metadata"].get("annotations") or {})
+        kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=merge", "-p", json.dumps(
+            {"metadata": {"annotations": dict({k: None for k in now if k not in meta}, **meta)},
+             "spec": {"configuration": {"permittedHostDevices":
+                                        kubevirt_before["spec"]["configuration"]["permittedHostDevices"]}}}))
+    assert snapshot(kube_api)["kubevirt"][1] == before["kubevirt"][1]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _cleanup(kube_api):
     yield
