@@ -123,7 +123,7 @@ def test_k8s_info_reads_the_server_with_the_admin_kubeconfig(kube_api, tmp_path)
     with open(result_file) as handle:
         result = json.load(handle)
     assert [ns["metadata"]["name"] for ns in result["namespace"]] == ["kube-system"]
-    assert sorted(n["metadata"]["name"] for n in result["nodes"]) == ["lab-container", "lab-dra", "lab-passthrough", "lab-vgpu"]
+    assert sorted(n["metadata"]["name"] for n in result["nodes"]) == ["lab-container", "lab-dra", "lab-h200", "lab-passthrough", "lab-vgpu"]
     by_name = {n["metadata"]["name"]: n for n in result["nodes"]}
     # The status went through the status subresource, so the API server kept it.
     assert by_name["lab-container"]["status"]["allocatable"]["nvidia.com/gpu"] == "2"

@@ -23,7 +23,7 @@ from conftest import TOP, gone, kubelab, kubelab_status, run
 
 NESTED = "GPUOPS_TEST_NESTED_SESSION"
 WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
-LAB_NODES = ("lab-container", "lab-dra", "lab-passthrough", "lab-vgpu")
+LAB_NODES = ("lab-container", "lab-dra", "lab-h200", "lab-passthrough", "lab-vgpu")
 
 
 def kubectl(bin_dir, kubeconfig, *args, **kwargs):
