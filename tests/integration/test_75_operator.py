@@ -402,7 +402,11 @@ def test_operator_runs_out_of_cluster_with_the_charts_environment(reconciled):
     assert "Kubernetes version detected" in text, text[-3000:]
     assert "Using container runtime: containerd" in text, text[-3000:]
     assert "failed to retrieve GPU node OS info" not in text, text[-3000:]
-    assert '"msg":"Number of nodes with GPU label","NodeCount":%d' % len(NODES) in text, text[-3000:]
+    # Every GPU Node on the server counts, lab-h200 (a node without a lab VM, outside this module's inventory) too.
+    gpu_nodes = [n for n in kget(reconciled["api"], "nodes")["items"]
+                 if (n["metadata"].get("labels") or {}).get("feature.node.kubernetes.io/pci-10de.present") == "true"]
+    assert len(gpu_nodes) >= len(NODES)
+    assert '"msg":"Number of nodes with GPU label","NodeCount":%d' % len(gpu_nodes) in text, text[-3000:]
     # The machine's /opt did not get the operator's layout: only the operator's own namespace has it.
     assert not os.path.exists("/opt/gpu-operator/state-driver")
 
@@ -481,10 +485,19 @@ def test_second_run_keeps_what_the_operator_set(reconciled, tmp_path):
 def test_validate_finds_the_labels_the_real_operator_sets(reconciled):
     """validate.yml waits for deploy labels of each workload type: the real operator's must satisfy it. The vGPU
     Device Manager's state label comes from its pod, which never runs here: it is written by hand. No DRA
-    driver runs either, so the wait for its ResourceSlices is off here (test_70 checks that wait)."""
+    driver runs either, so the wait for its ResourceSlices is off here (test_70 checks that wait).
+    lab-container stands for an H200 with a MIG config: validate.yml also waits for the MIG Manager, which the
+    operator deploys only where GPU Feature Discovery found a MIG-capable GPU. Its nvidia.com/mig.capable label and
+    the MIG Manager's state label (from pods that never run here) are written by hand; the operator's deploy label
+    for the MIG Manager is the operator's own."""
     api = reconciled["api"]
     kubectl(api, "label", "node", "lab-vgpu", "--overwrite", "nvidia.com/vgpu.config.state=success")
+    kubectl(api, "label", "node", "lab-container", "--overwrite", "nvidia.com/mig.capable=true",
+            "nvidia.com/mig.config.state=success")
     try:
+        wait_for("the operator deploys the MIG Manager on lab-container", lambda: (
+            node_labels(api)["lab-container"].get(DEPLOY + "mig-manager") == "true",
+            deploy_labels(node_labels(api)["lab-container"])), timeout=120)
         proc, _seconds = playbook(reconciled, reconciled["inventory"], "validate.yml",
                                   "-e", "cluster_validate_retries=2", "-e", "cluster_validate_delay=1",
                                   "-e", "cluster_validate_dra_slices=false")
@@ -493,6 +506,10 @@ def test_validate_finds_the_labels_the_real_operator_sets(reconciled):
             assert "Node %s (%s) is ready." % (node, wtype) in flat(proc.stdout), proc.stdout[-6000:]
     finally:
         kubectl(api, "label", "node", "lab-vgpu", "nvidia.com/vgpu.config.state-")
+        # The operator never takes its MIG Manager label off a container node (it only adds it where a MIG-capable
+        # GPU is): it goes with the MIG capability, in one change, so the operator has nothing to add it back for.
+        kubectl(api, "label", "node", "lab-container", "nvidia.com/mig.capable-", "nvidia.com/mig.config.state-",
+                DEPLOY + "mig-manager-")
 
 
 def test_switching_a_node_type_moves_its_operands(reconciled, tmp_path):
