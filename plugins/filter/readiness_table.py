@@ -113,17 +113,22 @@ def _serving(report):
     return extra
 
 
+def _gpus(report):
+    """The GPUs and their drivers; PCI domain 0000 left out: "65:00.0=nvidia" reads as well and keeps a narrow column
+    to one GPU per line."""
+    return " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or [])
+
+
 def _detail(report):
     if not _managed(report):
-        gpus = " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or [])
+        gpus = _gpus(report)
         return " ".join(["host managed elsewhere:"] + ([gpus] if gpus else []) + _serving(report))
     failed = [c.get("check", "?") for c in report.get("checks") or [] if not c.get("ok")]
     if failed:
         return "failed: " + ", ".join(failed)
     if report.get("reboot_pending"):
         return "reboot pending"
-    # PCI domain 0000 left out: "65:00.0=nvidia" reads as well and keeps a narrow column to one GPU per line.
-    gpus = " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or [])
+    gpus = _gpus(report)
     if gpus:
         return " ".join([gpus] + _serving(report))
     allowed = any(c.get("check") == GPUS_CHECK and c.get("ok") for c in report.get("checks") or [])
