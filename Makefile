@@ -24,10 +24,24 @@ KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 	checks checks-beside lint sanity unit integration \
 	molecule bench bench-modules bench-hosts bench-cluster bench-guest validate build docs galaxy-import clean
 
+# Python keeps the bytecode of what it imports (under __pycache__, git-ignored) only when PYTHONDONTWRITEBYTECODE is
+# unset. Some machines set it for every process: then every ansible-playbook, module and worker compiled ansible,
+# jinja2 and the kubernetes client again, 40 % of the controller's CPU in a cluster.yml run (test_70's first test:
+# 89 CPU-seconds with it set, 51 without, 2026-11-28). Every target here runs without it.
+unexport PYTHONDONTWRITEBYTECODE
+
 # One command creates the Python environment from nothing (re-run when requirements change). --no-compile: the
 # `ansible` package alone has 15,000 Python files; pip compiled them all (34 s of CPU, 2026-11-27), where Python
-# compiles the few a run imports when it first imports them.
-venv: $(VENV)/.stamp $(COLL_LINK)
+# compiles the few a run imports when it first imports them (and keeps them, see above).
+# The module payloads Ansible runs on the controller are zip files, whose sources Python compiles on every run:
+# lab/guest_pycache.py, which the lab's guests use for the same reason, keeps their bytecode in $(VENV)/zip-pycache
+# (test_70's first test: 51 CPU-seconds without it, 47 with it, 2026-11-28).
+venv: $(VENV)/.stamp $(COLL_LINK) $(VENV)/.pycache-stamp
+$(VENV)/.pycache-stamp: lab/guest_pycache.py $(VENV)/.stamp
+	@purelib=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+		cp lab/guest_pycache.py "$$purelib/gpulab_pycache.py"; \
+		echo "import gpulab_pycache; gpulab_pycache.install('$(CURDIR)/$(VENV)/zip-pycache')" >"$$purelib/gpulab-pycache.pth"
+	touch $@
 $(VENV)/.stamp: requirements/controller.txt requirements/dev.txt requirements/constraints.txt
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
