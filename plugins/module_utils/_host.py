@@ -10,7 +10,8 @@ Everything here only reads, and never fails on a file it cannot read (the fact s
 distribution (os-release), the running kernel, the live mediated devices, the collection's own boot files found
 on the host (their paths come from the module_utils that write them), the SR-IOV VF counts and the VFs recorded
 for boot, the boot fingerprint (one digest over what a GPU node's preparation depends on at boot), and the record
-the host preparation left the last time it found the host ready.
+the host preparation left the last time it found the host ready, and every installed kernel with what it lacks of
+the collection's boot settings (_kernels).
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ import hashlib
 import json
 import os
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _bootloader, _cmdline, _mdev, _persist, _sriov, _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils import (
+    _bootloader,
+    _cmdline,
+    _kernels,
+    _mdev,
+    _persist,
+    _sriov,
+    _vfio,
+)
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
 # The collection's boot files by what they do; their presence tells what a host was set up for. The module files
@@ -38,7 +47,7 @@ MANAGED_FILES = {
 }
 OS_RELEASE_FILES = ("/etc/os-release", "/usr/lib/os-release")
 OS_RELEASE_KEYS = ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME", "VERSION_CODENAME")
-KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"
+KERNEL_RELEASE_FILE = _kernels.KERNEL_RELEASE_FILE
 PREPARED_RECORD = "/var/lib/gpuops/prepared.json"
 
 # What a GPU node's preparation depends on at boot: (directory, name pattern, how) - "content" hashes the
@@ -136,16 +145,25 @@ def host_summary(root="/"):
     """The ``gpu_facts_host`` fact."""
     kernel = (_persist.read_text(root, KERNEL_RELEASE_FILE) or "").strip() or None
     mdevs = sorted(_mdev.list_mdev_devices(root).values(), key=lambda dev: dev["uuid"])
+    kernels = _kernels.installed_kernels(root, kernel)
     return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs, "managed_files": managed_files(root),
             "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root),
-            "fingerprint": boot_fingerprint(root, kernel), "prepared": read_prepared(root),
-            "nvidia_driver": nvidia_driver(root, kernel)}
+            "fingerprint": boot_fingerprint(root, kernel, kernels), "prepared": read_prepared(root),
+            "nvidia_driver": nvidia_driver(root, kernel), "kernels": kernels}
 
 
-def boot_fingerprint(root="/", kernel=None):
-    """SHA-256 (hex) over FINGERPRINT_SOURCES and the GPU-related loaded modules; never raises."""
+def boot_fingerprint(root="/", kernel=None, kernels=None):
+    """SHA-256 (hex) over FINGERPRINT_SOURCES, the GPU-related loaded modules and the installed kernels; never raises.
+
+    ``kernels`` is what _kernels.installed_kernels returned (read here when None): a kernel installed or removed, or
+    one whose initramfs or boot entry lacks the collection's settings, changes the fingerprint, so a host whose other
+    boot files did not change still gets its repair.
+    """
     digest = hashlib.sha256()
     digest.update(("kernel %s\n" % kernel).encode("utf-8"))
+    for installed in _kernels.installed_kernels(root, kernel) if kernels is None else kernels:
+        digest.update(("installed %s: %s\n" % (installed["version"], "; ".join(installed["problems"])))
+                      .encode("utf-8", "surrogateescape"))
     for directory, pattern, how in FINGERPRINT_SOURCES:
         pattern = pattern.format(kernel=kernel or "")
         base = host_path(root, directory)

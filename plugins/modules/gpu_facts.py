@@ -20,8 +20,9 @@ description:
     vGPU types.
   - Also returns a summary of the IOMMU state, every mdev parent device of the host, and C(gpu_facts_host) -
     the operating system, the running kernel, the live mediated devices, SR-IOV VF counts of the selected
-    functions, and which of this collection's boot files are on the host (what host preparation and workload
-    type switches look at).
+    functions, which of this collection's boot files are on the host (what host preparation and workload
+    type switches look at), and every installed kernel with what its initramfs or boot entries lack of this
+    collection's settings.
   - By default selects NVIDIA (vendor C(10de)) display functions of class C(030000) (VGA) and
     C(030200) (3D controller).
   - Reads only; never changes anything.
@@ -356,8 +357,9 @@ ansible_facts:
             - SHA-256 over the boot settings a GPU node's preparation depends on - the running command line,
               kernel and GPU-related loaded modules, the content of the grub and kernel command line files,
               modprobe.d, modules-load.d, the initramfs configuration, this collection's udev rules,
-              C(/etc/gpuops) and systemd units, and the size and time of the running kernel's initramfs and
-              of the boot loader configuration. Any edit to one of them changes it.
+              C(/etc/gpuops) and systemd units, the size and time of the running kernel's initramfs and
+              of the boot loader configuration, and the installed kernels with their C(problems) (see C(kernels)).
+              Any edit to one of them changes it.
           type: str
           sample: 9b1f0c3e5d2a4b6c8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d
         nvidia_driver:
@@ -375,6 +377,36 @@ ansible_facts:
               host ready, or null when there is no such record (or it cannot be read).
           type: dict
           sample: {"inputs": "5e1d...", "fingerprint": "9b1f...", "runtime": "0c7a...", "expected": {}}
+        kernels:
+          description:
+            - Every installed kernel (a C(/lib/modules/<version>) directory with a C(/boot/vmlinuz-<version>)), by
+              version, and what it lacks of this collection's boot settings - so a kernel the distribution installed
+              after the preparation is seen before the host boots into it.
+            - C(version); C(running) (the running kernel); C(initramfs), the path of its image
+              (C(/boot/initrd.img-<version>) or C(/boot/initramfs-<version>.img)) or null; C(initramfs_stale), true
+              when it has none or the image is older than one of this collection's files an initramfs carries
+              (C(gpuops-*) in C(/etc/modprobe.d), C(/etc/modules-load.d), C(/usr/share/initramfs-tools/modules.d),
+              C(/etc/dracut.conf.d)), by modification time (images are not unpacked); C(entries), its boot entries
+              (the C(10_linux) entries of C(/boot/grub/grub.cfg) or C(/boot/grub2/grub.cfg) whose C(linux) line
+              boots its C(vmlinuz), recovery entries left out, and the BLS entries of C(/boot/loader/entries)), each
+              with C(file), C(title) and C(missing), the arguments kernel_cmdline recorded as its own
+              (C(/var/lib/gpuops/kernel_cmdline.json)) that the entry lacks; C(problems), each of these in a
+              sentence (empty when the kernel boots with the collection's settings).
+            - A kernel removed while it is read is left out. Empty when C(/lib/modules) cannot be read.
+          type: list
+          elements: dict
+          sample:
+            - version: 6.1.0-50-amd64
+              running: false
+              initramfs: /boot/initrd.img-6.1.0-50-amd64
+              initramfs_stale: true
+              entries:
+                - file: /boot/grub/grub.cfg
+                  title: Debian GNU/Linux, with Linux 6.1.0-50-amd64
+                  missing: [iommu=pt]
+              problems:
+                - initramfs /boot/initrd.img-6.1.0-50-amd64 is older than /etc/modprobe.d/gpuops-nouveau.conf
+                - boot entry /boot/grub/grub.cfg entry 'Debian GNU/Linux, with Linux 6.1.0-50-amd64' lacks iommu=pt
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -130,6 +130,7 @@ def test_host_summary_of_a_bare_host(host):
         "sriov": {st.A100: {"numvfs": 2, "totalvfs": 20}, st.L40S: {"numvfs": 2, "totalvfs": 32}},
         "sriov_recorded": [],
         "nvidia_driver": {"loaded": False, "version": None, "host_module": None, "source": None},
+        "kernels": [],
     }
 
 
@@ -335,3 +336,32 @@ def test_mig_instances_of_a_gpu_are_counted_from_the_drivers_capabilities(host):
         host.write("/proc/driver/nvidia/capabilities/gpu3/mig/" + name, "DeviceFileMinor: 1\n")
     host.write("/proc/driver/nvidia/capabilities/gpu0/mig/gi9/access", "x\n")  # another GPU's
     assert _vfio.mig_instances(address, host.root) == 2
+
+
+def test_module_returns_the_installed_kernels_and_their_problems(monkeypatch, host):
+    host.write("/proc/sys/kernel/osrelease", "6.1.0-18-amd64\n")
+    host.write("/etc/modprobe.d/gpuops-nouveau.conf", "blacklist nouveau\n")
+    os.utime(host.path("/etc/modprobe.d/gpuops-nouveau.conf"), (1_700_000_100, 1_700_000_100))
+    for version, built in (("6.1.0-18-amd64", 1_700_000_200), ("6.1.0-20-amd64", 1_700_000_000)):
+        host.mkdir("/lib/modules/%s/kernel" % version)
+        host.write("/boot/vmlinuz-" + version, "kernel")
+        host.write("/boot/initrd.img-" + version, "image")
+        os.utime(host.path("/boot/initrd.img-" + version), (built, built))
+    kind, result = call_main(monkeypatch, gpu_facts, host.root, {})
+    assert kind == "exit", result
+    kernels = result["ansible_facts"]["gpu_facts_host"]["kernels"]
+    assert [(k["version"], k["running"], k["initramfs_stale"]) for k in kernels] == [
+        ("6.1.0-18-amd64", True, False), ("6.1.0-20-amd64", False, True)]
+    assert kernels[1]["problems"] == [
+        "initramfs /boot/initrd.img-6.1.0-20-amd64 is older than /etc/modprobe.d/gpuops-nouveau.conf"]
+
+
+def test_a_kernel_with_problems_changes_the_fingerprint(host):
+    host.write("/etc/modprobe.d/gpuops-nouveau.conf", "blacklist nouveau\n")
+    os.utime(host.path("/etc/modprobe.d/gpuops-nouveau.conf"), (1_700_000_100, 1_700_000_100))
+    first = _host.host_summary(host.root)["fingerprint"]
+    host.mkdir("/lib/modules/6.1.0-20-amd64/kernel")
+    host.write("/boot/vmlinuz-6.1.0-20-amd64", "kernel")
+    second = _host.host_summary(host.root)["fingerprint"]
+    assert second != first   # no initramfs: a problem, and another fingerprint, so the fast no-op run does not skip it
+    assert _host.boot_fingerprint(host.root, None) == second
