@@ -29,6 +29,8 @@ description:
   - Every value is checked before anything is written; kernel module names are letters, digits, C(_) and
     C(-), at most 55 characters (the kernel's limit).
   - Nothing is loaded or unloaded now; the result says when a reboot is needed for the settings to apply.
+  - With O(rebuild_kernels), the initramfs of every other installed kernel that lacks the collection's files is
+    rebuilt too, one kernel at a time.
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
@@ -97,6 +99,25 @@ options:
       - A whole number from V(1) to V(86400).
     type: int
     default: 900
+  rebuild_kernels:
+    description:
+      - After this set's own work, give each installed kernel (a C(/lib/modules/<version>) directory with a
+        C(/boot/vmlinuz-<version>)) whose initramfs is missing, or older than one of this collection's files an
+        initramfs carries (C(gpuops-*) in C(/etc/modprobe.d), C(/etc/modules-load.d),
+        C(/usr/share/initramfs-tools/modules.d), C(/etc/dracut.conf.d), and this set's files), a rebuild of its
+        own - C(update-initramfs -u -k <version>) (C(-c) when it has none) or C(dracut -f --kver <version>). This
+        catches a kernel the distribution installed after the files were written, whose initramfs was built
+        without them. Ages are compared by modification time; images are not unpacked.
+      - A kernel the set's own rebuild covers is not rebuilt twice (C(update-initramfs -u -k all) updates every
+        existing image, C(dracut --regenerate-all) builds every kernel's).
+      - Nothing is rebuilt with O(rebuild=never) or without a generator. A kernel removed while it is rebuilt is
+        skipped, not an error. Nothing is recorded as pending: an image left older than the files by a run cut
+        short is found again by the next run.
+      - RV(reboot_required) is true only when the running kernel's initramfs is rebuilt this way.
+      - A failed rebuild stops there and names the kernels already rebuilt; the set's files, written and built
+        before, stay.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -106,7 +127,8 @@ attributes:
     description: Shows every file before and after.
   idempotent:
     support: full
-    description: Files are written, and the initramfs rebuilt, only when their content differs.
+    description: Files are written, and the initramfs rebuilt, only when their content differs (or, with
+      O(rebuild_kernels), a kernel's image is missing or older than them).
 notes:
   - Root privileges are needed. Files are written atomically, root:root 0644.
   - A module built into the kernel ignores modprobe.d; use kernel command line arguments for those
@@ -132,6 +154,15 @@ EXAMPLES = r"""
     softdeps:
       nvidia: [vfio-pci]
       nouveau: [vfio-pci]
+
+- name: Keep nouveau off, and rebuild the initramfs of each installed kernel built before the settings
+  gpuops.sandbox.kernel_modules:
+    name: gpuops-nouveau
+    blacklist: [nouveau]
+    options:
+      nouveau: modeset=0
+    rebuild_kernels: true
+  register: nouveau_kernels
 
 - name: Remove the vfio settings when the node becomes a container node
   gpuops.sandbox.kernel_modules:
@@ -187,6 +218,18 @@ loaded_blacklisted:
   type: list
   elements: str
   sample: [nouveau]
+kernels_rebuilt:
+  description:
+    - With O(rebuild_kernels), each kernel whose initramfs was (in check mode, would be) rebuilt on its own, with
+      C(kernel) (its version), C(running) (the running kernel), C(reason) (what was wrong) and C(command).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - kernel: 6.1.0-50-amd64
+      running: false
+      reason: initramfs /boot/initrd.img-6.1.0-50-amd64 is older than /etc/modprobe.d/gpuops-nouveau.conf
+      command: [/usr/sbin/update-initramfs, -u, -k, 6.1.0-50-amd64]
 """
 
 import os
@@ -194,7 +237,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _kernels, _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     GpuopsError,
@@ -219,10 +262,8 @@ MAX_NAME_LENGTH = 64
 MAX_MODULE_LENGTH = 55
 MAX_TIMEOUT = 86400
 
-MODPROBE_DIR = "/etc/modprobe.d"
-LOAD_DIR = "/etc/modules-load.d"
-INITRAMFS_TOOLS_DIR = "/usr/share/initramfs-tools/modules.d"
-DRACUT_DIR = "/etc/dracut.conf.d"
+# The directories of the files an initramfs carries; _kernels compares the images with the files in them.
+MODPROBE_DIR, LOAD_DIR, INITRAMFS_TOOLS_DIR, DRACUT_DIR = _kernels.INITRAMFS_SOURCE_DIRS
 TOOLS = {"initramfs-tools": "update-initramfs", "dracut": "dracut"}
 # The pending record (see _persist.mark_pending) of an initramfs rebuild that has not finished.
 PENDING = _persist.PENDING_INITRAMFS
@@ -357,6 +398,49 @@ def rebuild_command(module, tool):
     return [binary] + args
 
 
+def kernel_command(module, tool, kernel):
+    """The command that rebuilds (or creates) the initramfs of one kernel."""
+    base = rebuild_command(module, tool)[0]
+    if tool == "initramfs-tools":
+        return [base, "-c" if kernel["initramfs"] is None else "-u", "-k", kernel["version"]]
+    return [base, "-f", "--kver", kernel["version"]]
+
+
+def plan_kernels(module, root, tool, wanted, set_rebuild):
+    """The kernels whose initramfs gets a rebuild of its own: ``[{"kernel", "running", "reason", "command"}]``.
+
+    Read before anything is written, with this set's files as they will be; a kernel the set's own rebuild covers
+    (every existing image with update-initramfs, every kernel with dracut) is left to it.
+    """
+    if tool == "dracut" and set_rebuild:
+        return []
+    own = [path for path, text in sorted(wanted.items()) if text is not None]
+    plan = []
+    for kernel in _kernels.installed_kernels(root, extra_sources=own):
+        if not kernel["initramfs_stale"] or (set_rebuild and kernel["initramfs"] is not None):
+            continue
+        reason = [p for p in kernel["problems"] if p.startswith(("initramfs ", "has no initramfs"))]
+        plan.append({"kernel": kernel["version"], "running": kernel["running"],
+                     "reason": "; ".join(reason) or "initramfs older than this set's files",
+                     "command": kernel_command(module, tool, kernel)})
+    return plan
+
+
+def rebuild_kernels(module, root, plan, timeout):
+    """Rebuild each planned kernel's initramfs in turn; skip a kernel removed meanwhile; raise on a failure."""
+    done = []
+    for item in plan:
+        rc, out, err = run_timed(module, item["command"], timeout, option="timeout", kill_after=30)
+        if rc != 0:
+            if not _kernels.kernel_present(root, item["kernel"]):
+                module.warn("kernel %s was removed while its initramfs was rebuilt; skipped" % item["kernel"])
+                continue
+            raise ModulesError("%s failed (rc=%s): %s; the initramfs of kernel %s is as it was (%s)" % (
+                " ".join(item["command"]), rc, (err or out).strip()[-2000:], item["kernel"],
+                "rebuilt before it: %s" % ", ".join(done) if done else "no other kernel was rebuilt"))
+        done.append(item["kernel"])
+
+
 def run(module, root):
     """The body of :func:`main` for ``run_module``: returns the result dict or raises, never exits."""
     params = module.params
@@ -373,9 +457,12 @@ def run(module, root):
     elif tool != "none" and params["rebuild"] == "changed" and earlier is not None:
         reason = _persist.describe_pending(earlier)
     rebuild = bool(reason)
+    kernels = []
+    if params["rebuild_kernels"] and tool != "none" and params["rebuild"] != "never":
+        kernels = plan_kernels(module, root, tool, wanted, rebuild)
     loaded = loaded_modules(root, params["blacklist"]) if params["state"] == "present" else []
     result = {
-        "changed": bool(changes) or rebuild,
+        "changed": bool(changes) or rebuild or bool(kernels),
         "files": [{"path": path, "state": "absent" if wanted[path] is None else "present",
                    "changed": path in changes} for path in sorted(wanted)
                   if wanted[path] is not None or path in changes],
@@ -384,17 +471,27 @@ def run(module, root):
         "initramfs_pending": (bool(changes) or earlier is not None) and not rebuild,
         "rebuild_reason": reason,
         # An initramfs an earlier run left due may be the one the host booted with: it needs the reboot too.
-        "reboot_required": bool(changes) or bool(loaded) or (rebuild and earlier is not None),
+        # The running kernel's initramfs rebuilt on its own was built without the files it boots with now.
+        "reboot_required": (bool(changes) or bool(loaded) or (rebuild and earlier is not None)
+                            or any(k["running"] for k in kernels)),
         "loaded_blacklisted": loaded,
+        "kernels_rebuilt": kernels,
     }
     if module._diff:
         result["diff"] = [{"before_header": path, "after_header": path,
                            "before": _persist.read_text(root, path) or "", "after": text or ""}
                           for path, text in sorted(changes.items())]
+        result["diff"] += [{"before_header": "initramfs of kernel %s" % k["kernel"],
+                            "after_header": "initramfs of kernel %s" % k["kernel"],
+                            "before": k["reason"] + "\n", "after": "rebuilt: %s\n" % " ".join(k["command"])}
+                           for k in kernels]
     if tool == "none" and changes and params["initramfs"]:
         module.warn("no initramfs generator was found or initramfs_tool=none: rebuild the initramfs yourself "
                     "for the modules of set %s to be in it" % params["name"])
-    if module.check_mode or not (changes or rebuild):
+    if module.check_mode or not (changes or rebuild or kernels):
+        return result
+    if not (changes or rebuild):
+        rebuild_kernels(module, root, kernels, params["timeout"])
         return result
 
     # Find the generator before writing anything, so a missing one changes nothing.
@@ -424,6 +521,7 @@ def run(module, root):
             raise ModulesError("%s failed (rc=%s): %s; %s" % (
                 " ".join(cmd), rc, (err or out).strip()[-2000:], rollback))
         _persist.clear_pending(root, PENDING)
+    rebuild_kernels(module, root, kernels, params["timeout"])
     return result
 
 
@@ -441,6 +539,7 @@ def build_module():
             initramfs_tool=dict(type="str", choices=["auto", "initramfs-tools", "dracut", "none"], default="auto"),
             rebuild=dict(type="str", choices=["changed", "always", "never"], default="changed"),
             timeout=dict(type="int", default=900),
+            rebuild_kernels=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )

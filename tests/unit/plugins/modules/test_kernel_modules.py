@@ -65,12 +65,15 @@ class Host:
         self.commands = []
         self.results = []  # (rc, out, err) returned by the next commands; default success
         self.warnings = []
+        self.effect = None  # called with each command before it "succeeds" (what the generator would leave)
 
     def get_bin_path(self, _module, arg, required=False, opt_dirs=None):  # pylint: disable=unused-argument
         return self.bins.get(arg)
 
     def run_command(self, _module, args, **kwargs):
         self.commands.append(list(args))
+        if self.effect:
+            self.effect(list(args))
         # The files are on disk when the generator runs: record what it would have copied.
         self.seen = {path: self.text(path) for path in ALL_FILES + [PENDING_FILE]}
         return self.results.pop(0) if self.results else (0, "", "")
@@ -763,3 +766,166 @@ def test_no_generator_keeps_the_record_and_says_the_rebuild_is_due(monkeypatch, 
     assert kind == "exit", result
     assert result["initramfs_rebuilt"] is False and result["initramfs_pending"] is True and host.commands == []
     assert pending_record(host)["changed"] == ["gpuops-vfio"]
+
+
+# --------------------------------------------------------------------------- rebuild_kernels: one rebuild per kernel
+
+RUNNING = "6.1.0-18-amd64"
+NEWER = "6.1.0-20-amd64"
+T_BEFORE = 1_600_000_000  # long before any file of the set was written
+
+
+def install_kernel(host, version, image="initrd.img-%s", built=None):
+    """A kernel: modules directory, vmlinuz and (unless ``image`` is None) an initramfs, built at ``built`` (now)."""
+    host.tree.mkdir("/lib/modules/%s/kernel" % version)
+    host.tree.write("/boot/vmlinuz-%s" % version, "kernel")
+    if image:
+        host.tree.write("/boot/" + image % version, "image")
+        if built is not None:
+            os.utime(host.tree.path("/boot/" + image % version), (built, built))
+
+
+def generator(host):
+    """What update-initramfs and dracut leave: a new image for the kernel(s) they build (and the call recorded)."""
+    def effect(args):
+        if "--regenerate-all" in args or args[-2:] == ["-k", "all"]:
+            names = os.listdir(host.tree.path("/boot"))
+            for name in names:
+                if name.startswith(("initrd.img-", "initramfs-")):
+                    os.utime(host.tree.path("/boot/" + name))
+            return
+        version = args[-1]
+        name = "initramfs-%s.img" % version if "--kver" in args else "initrd.img-%s" % version
+        host.tree.write("/boot/" + name, "image")
+    return effect
+
+
+@pytest.fixture
+def prepared(monkeypatch, host):
+    """A host prepared with VFIO_ARGS and running RUNNING; NEWER installed afterwards with an image built before."""
+    host.tree.write("/proc/sys/kernel/osrelease", RUNNING + "\n")
+    install_kernel(host, RUNNING)
+    host.effect = generator(host)
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit" and result["kernels_rebuilt"] == [], result
+    install_kernel(host, NEWER, built=T_BEFORE)
+    host.commands.clear()
+    return host
+
+
+def test_only_the_kernel_whose_image_predates_the_files_is_rebuilt(monkeypatch, prepared):
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True))
+    assert kind == "exit", result
+    assert prepared.commands == [[UPDATE_INITRAMFS, "-u", "-k", NEWER]]
+    assert result["changed"] is True and result["initramfs_rebuilt"] is False
+    assert not any(f["changed"] for f in result["files"])
+    [item] = result["kernels_rebuilt"]
+    assert item["kernel"] == NEWER and item["running"] is False
+    assert item["reason"].startswith("initramfs /boot/initrd.img-%s is older than " % NEWER) and MODPROBE in item["reason"]
+    # The running kernel was right: nothing asks for a reboot.
+    assert result["reboot_required"] is False
+    # The image is current now: the next run rebuilds nothing.
+    prepared.commands.clear()
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True))
+    assert result["changed"] is False and result["kernels_rebuilt"] == [] and prepared.commands == []
+
+
+def test_without_the_option_the_stale_kernel_is_left_alone(monkeypatch, prepared):
+    kind, result = run(monkeypatch, VFIO_ARGS)
+    assert kind == "exit" and result["changed"] is False and result["kernels_rebuilt"] == []
+    assert prepared.commands == []
+
+
+def test_a_kernel_without_initramfs_gets_one_created(monkeypatch, prepared):
+    os.unlink(prepared.tree.path("/boot/initrd.img-" + NEWER))
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True))
+    assert kind == "exit", result
+    assert prepared.commands == [[UPDATE_INITRAMFS, "-c", "-k", NEWER]]
+    assert result["kernels_rebuilt"][0]["reason"].startswith("has no initramfs")
+    assert os.path.exists(prepared.tree.path("/boot/initrd.img-" + NEWER))
+
+
+def test_the_running_kernels_own_image_rebuilt_asks_for_a_reboot(monkeypatch, prepared):
+    os.utime(prepared.tree.path("/boot/initrd.img-" + RUNNING), (T_BEFORE, T_BEFORE))
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True))
+    assert kind == "exit", result
+    assert prepared.commands == [[UPDATE_INITRAMFS, "-u", "-k", RUNNING], [UPDATE_INITRAMFS, "-u", "-k", NEWER]]
+    assert [(k["kernel"], k["running"]) for k in result["kernels_rebuilt"]] == [(RUNNING, True), (NEWER, False)]
+    assert result["reboot_required"] is True
+
+
+def test_check_mode_and_diff_say_which_kernels_and_run_nothing(monkeypatch, prepared):
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True), check=True, diff=True)
+    assert kind == "exit", result
+    assert prepared.commands == [] and result["changed"] is True
+    assert [k["kernel"] for k in result["kernels_rebuilt"]] == [NEWER]
+    assert result["kernels_rebuilt"][0]["command"] == [UPDATE_INITRAMFS, "-u", "-k", NEWER]
+    [diff] = result["diff"]
+    assert diff["before_header"] == "initramfs of kernel %s" % NEWER
+    assert diff["before"].startswith("initramfs /boot/initrd.img-%s is older than" % NEWER)
+    assert diff["after"] == "rebuilt: %s -u -k %s\n" % (UPDATE_INITRAMFS, NEWER)
+    assert os.stat(prepared.tree.path("/boot/initrd.img-" + NEWER)).st_mtime == T_BEFORE
+
+
+def test_dracut_rebuilds_one_kernel_with_kver(monkeypatch, prepared):
+    os.unlink(prepared.tree.path("/boot/initrd.img-" + NEWER))
+    install_kernel(prepared, NEWER, image="initramfs-%s.img", built=T_BEFORE)
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True, initramfs_tool="dracut"))
+    assert kind == "exit", result
+    # The set moves its initramfs list to dracut.conf.d: --regenerate-all builds every kernel, none is done twice.
+    assert prepared.commands == [[DRACUT, "-f", "--regenerate-all"]]
+    prepared.commands.clear()
+    os.utime(prepared.tree.path("/boot/initramfs-%s.img" % NEWER), (T_BEFORE, T_BEFORE))
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True, initramfs_tool="dracut"))
+    assert kind == "exit", result
+    assert prepared.commands == [[DRACUT, "-f", "--kver", NEWER]]
+    assert result["reboot_required"] is False
+
+
+def test_a_set_rebuilt_for_all_leaves_only_the_missing_images(monkeypatch, prepared):
+    # The files change: update-initramfs -u -k all updates every existing image but creates none.
+    install_kernel(prepared, "6.1.0-21-amd64", image=None)
+    changed = dict(VFIO_ARGS, options={"nouveau": "modeset=0"}, rebuild_kernels=True)
+    kind, result = run(monkeypatch, changed)
+    assert kind == "exit", result
+    assert prepared.commands == [[UPDATE_INITRAMFS, "-u", "-k", "all"], [UPDATE_INITRAMFS, "-c", "-k", "6.1.0-21-amd64"]]
+    assert [k["kernel"] for k in result["kernels_rebuilt"]] == ["6.1.0-21-amd64"]
+
+
+def test_rebuild_never_rebuilds_no_kernel(monkeypatch, prepared):
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True, rebuild="never"))
+    assert kind == "exit" and result["kernels_rebuilt"] == [] and prepared.commands == []
+
+
+def test_no_generator_rebuilds_no_kernel(monkeypatch, prepared):
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True, initramfs_tool="none"))
+    assert kind == "exit" and result["kernels_rebuilt"] == [] and prepared.commands == []
+
+
+def test_a_failed_kernel_rebuild_names_the_command_and_the_kernels_done(monkeypatch, prepared):
+    os.utime(prepared.tree.path("/boot/initrd.img-" + RUNNING), (T_BEFORE, T_BEFORE))
+    prepared.results = [(0, "", ""), (1, "", "mkinitramfs: failed to determine device for /\n")]
+    before = prepared.files()
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True))
+    assert kind == "fail", result
+    assert result["msg"] == ("%s -u -k %s failed (rc=1): mkinitramfs: failed to determine device for /; the initramfs "
+                             "of kernel %s is as it was (rebuilt before it: %s)" % (UPDATE_INITRAMFS, NEWER, NEWER, RUNNING))
+    assert prepared.files() == before
+
+
+def test_a_kernel_removed_while_it_is_rebuilt_is_skipped(monkeypatch, prepared):
+    third = "6.1.0-21-amd64"
+    install_kernel(prepared, third, built=T_BEFORE)
+
+    def removed(args):
+        if args[-1] == NEWER:   # the package manager removes NEWER while its image is built
+            os.unlink(prepared.tree.path("/boot/vmlinuz-" + NEWER))
+            prepared.results.insert(0, (1, "", "update-initramfs: %s has no modules\n" % NEWER))
+        else:
+            generator(prepared)(args)
+
+    prepared.effect = removed
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, rebuild_kernels=True))
+    assert kind == "exit", result
+    assert prepared.commands == [[UPDATE_INITRAMFS, "-u", "-k", NEWER], [UPDATE_INITRAMFS, "-u", "-k", third]]
+    assert any("kernel %s was removed" % NEWER in w for w in prepared.warnings)
