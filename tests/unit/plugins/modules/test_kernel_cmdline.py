@@ -1192,3 +1192,49 @@ def test_a_failed_regeneration_keeps_the_pending_record(tmp_path):
     result = run(host, arguments=IOMMU)
     assert result["failed"] is True and "update-grub failed" in result["msg"]
     assert host.read(PENDING) == text
+
+
+# --- grub.cfg generated before the files said what they say now -------------------------------------------------
+
+def test_a_grub_cfg_entry_without_the_arguments_is_generated_again(tmp_path):
+    host = debian_host(tmp_path, proc="BOOT_IMAGE=/boot/vmlinuz-6.1.0-18-amd64 root=UUID=1234 ro console=ttyS0,115200 "
+                                      "intel_iommu=on iommu=pt")
+    assert not run(host, arguments=IOMMU).get("failed")
+    good = host.grub_cfg()
+    # A kernel installed since got its entry from a grub.cfg generated without the drop-in (by hand, or from a
+    # grub.d the drop-in was not in yet): the drop-in is right, its entry is not.
+    host.write("/boot/grub/grub.cfg", good + "menuentry 'Debian GNU/Linux, with Linux 6.1.0-20-amd64' {\n"
+                                             "\tlinux /boot/vmlinuz-6.1.0-20-amd64 root=UUID=1234 ro quiet\n}\n")
+    before = host.calls()
+    result = run(host, arguments=IOMMU, check=True)
+    assert result["changed"] is True and host.calls() == before
+    assert "lacks the requested arguments on 'Debian GNU/Linux, with Linux 6.1.0-20-amd64'" in result["msg"]
+    result = run(host, arguments=IOMMU)
+    assert not result.get("failed"), result
+    assert result["changed"] is True
+    assert host.calls() == before + ["update-grub "]
+    assert host.grub_cfg() == good
+    # The running kernel has the arguments: the regeneration for another entry needs no reboot.
+    assert result["reboot_required"] is False
+    again = run(host, arguments=IOMMU)
+    assert again["changed"] is False and host.calls() == before + ["update-grub "]
+
+
+def test_a_recovery_entry_without_the_arguments_is_not_generated_again(tmp_path):
+    host = debian_host(tmp_path)
+    assert not run(host, arguments=IOMMU).get("failed")
+    host.write("/boot/grub/grub.cfg", host.grub_cfg() + "menuentry 'Debian GNU/Linux (recovery mode)' {\n"
+                                                         "\tlinux /boot/vmlinuz-6.1.0-18-amd64 root=UUID=1234 ro single\n}\n")
+    calls = host.calls()
+    assert run(host, arguments=IOMMU)["changed"] is False and host.calls() == calls
+
+
+def test_a_grub_cfg_still_stale_after_generating_fails_and_says_so(tmp_path):
+    host = debian_host(tmp_path)
+    assert not run(host, arguments=IOMMU).get("failed")
+    stale = host.grub_cfg().replace("iommu=pt", "")
+    host.write("/boot/grub/grub.cfg", stale)
+    host.script("update-grub", "#!/bin/sh\necho \"update-grub $*\" >> '%s/calls.log'\n" % host.root)
+    result = run(host, arguments=IOMMU)
+    assert result.get("failed") is True
+    assert "was generated again but still lacks the requested arguments on 'Debian GNU/Linux'" in result["msg"]
