@@ -46,6 +46,10 @@ description:
     least one) and C(SR-IOV VFs of <PF>) for each PF of O(expected) C(sriov).
   - At the V(after-reboot) stage - C(<address> back on vfio-pci after the reboot) for each GPU of O(expected)
     C(vfio).
+  - Every type, at both stages, when O(host) has C(kernels) - C(other installed kernels): no installed kernel but the
+    running one has C(problems) (an initramfs missing or older than the collection's files, a boot entry without
+    the kernel arguments kernel_cmdline recorded), so that booting a kernel the distribution installed since still
+    gives the host its type; the detail names each kernel and problem. The running kernel keeps the other checks.
   - C(dra), when O(dra_blockers) holds a result - C(nothing holds the GPUs' device nodes) (no process would keep
     the DRA driver from moving a GPU to vfio-pci; each blocker is named with its kind, pid, unit and nodes).
   - Bad input (a fact or setting of the wrong type, an unknown workload type or stage, an address that is not one)
@@ -418,6 +422,8 @@ def _restored_checks(restored, seen):
 
 
 GENERATED_CHECK = "initramfs and boot loader generated"
+# Every installed kernel but the running one boots with the collection's settings (gpu_facts_host.kernels).
+KERNELS_CHECK = "other installed kernels"
 
 
 def _leftover_checks(gpus, managed, seen, expected, workload_type):
@@ -486,6 +492,20 @@ def _dra_blocker_checks(result):
                    "no process holds a /dev/nvidia* node that the DRA driver needs free")]
 
 
+def _kernel_checks(kernels):
+    """The check of the installed kernels other than the running one (gpu_facts_host.kernels); none without the key."""
+    if kernels is None:
+        return []
+    if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
+        _fail("host.kernels must be a list of dicts (gpu_facts_host.kernels of gpu_facts), got %r", kernels)
+    bad = ["%s: %s" % (k.get("version"), "; ".join(str(p) for p in k.get("problems") or []))
+           for k in kernels if not k.get("running") and k.get("problems")]
+    others = [str(k.get("version")) for k in kernels if not k.get("running")]
+    return [_check(KERNELS_CHECK, not bad, " | ".join(bad) + "; run the preparation again to repair them" if bad else
+                   "%s boot with the collection's settings" % ", ".join(others) if others else
+                   "no other kernel is installed")]
+
+
 def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="final", reboot_pending=False,
                 iommu_pt=True, vfio_binding="host", vgpu_devices="host", expected=None, reads=None,
                 dra_blockers=None, gpus_optional=False, selectors=None):
@@ -516,6 +536,7 @@ def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="fin
                          "left by a run cut short before it finished: %s; run the preparation again" % unfinished
                          if unfinished else "no pending initramfs or grub.cfg generation"))
     checks.extend(_leftover_checks(gpus, managed, seen, expected, workload_type))
+    checks.extend(_kernel_checks(host.get("kernels")))
     if workload_type == "vm-passthrough" and vfio_binding == "host" and not pending and stage == "final":
         checks.append(_check("GPUs on vfio-pci",
                              gpus and all(is_vfio_driver(g["driver"]) for g in gpus) and all(g.get("viable") for g in gpus),

@@ -746,3 +746,47 @@ def test_the_role_fails_a_node_without_a_gpu_unless_its_inventory_allows_it(tmp_
     assert ("empty (container, final) is not as prepared: no GPU found: no PCI function of this container node matches "
             "the GPU selectors (vendors 10de, classes 030000,030200).") in flat, out[-5000:]
     assert "or set gpuops_gpus_optional: true if the node may have no GPU" in flat
+
+
+# --------------------------------------------------------------------------- other installed kernels
+
+def kernel(version, running=False, problems=()):
+    return {"version": version, "running": running, "initramfs": "/boot/initrd.img-" + version,
+            "initramfs_stale": bool(problems), "entries": [], "problems": list(problems)}
+
+
+@pytest.mark.parametrize("workload_type", sorted(HOSTS))
+@pytest.mark.parametrize("stage", ["after-reboot", "final"])
+def test_another_kernel_with_problems_fails_naming_kernel_and_problem(workload_type, stage):
+    base = HOSTS[workload_type]
+    stale = "initramfs /boot/initrd.img-6.1.0-20-amd64 is older than /etc/modprobe.d/gpuops-nouveau.conf"
+    entry = "boot entry /boot/grub/grub.cfg entry 'Debian GNU/Linux' lacks iommu=pt"
+    kernels = [kernel("6.1.0-18-amd64", running=True), kernel("6.1.0-20-amd64", problems=[stale, entry])]
+    checks = run(dict(base, host=dict(base["host"], kernels=kernels)), stage=stage)
+    assert failed(checks) == ["other installed kernels"]
+    assert checks["other installed kernels"]["detail"] == (
+        "6.1.0-20-amd64: %s; %s; run the preparation again to repair them" % (stale, entry))
+
+
+def test_the_running_kernels_problems_are_left_to_the_other_checks():
+    kernels = [kernel("6.1.0-18-amd64", running=True, problems=["has no initramfs (/boot/initrd.img-6.1.0-18-amd64)"]),
+               kernel("6.1.0-20-amd64")]
+    checks = run(dict(CONTAINER, host=dict(CONTAINER["host"], kernels=kernels)))
+    assert failed(checks) == []
+    assert checks["other installed kernels"]["detail"] == "6.1.0-20-amd64 boot with the collection's settings"
+
+
+def test_a_host_with_one_kernel_passes():
+    checks = run(dict(CONTAINER, host=dict(CONTAINER["host"], kernels=[kernel("6.1.0-18-amd64", running=True)])))
+    assert checks["other installed kernels"] == {"check": "other installed kernels", "ok": True,
+                                                 "detail": "no other kernel is installed"}
+
+
+def test_facts_without_kernels_add_no_check():
+    assert "other installed kernels" not in run(CONTAINER)
+
+
+@pytest.mark.parametrize("value", ["6.1.0", [1], {"version": "x"}])
+def test_kernels_of_the_wrong_type_are_named(value):
+    with pytest.raises(AnsibleFilterError, match="host.kernels must be a list of dicts"):
+        run(dict(CONTAINER, host=dict(CONTAINER["host"], kernels=value)))
