@@ -46,10 +46,10 @@ description:
     least one) and C(SR-IOV VFs of <PF>) for each PF of O(expected) C(sriov).
   - At the V(after-reboot) stage - C(<address> back on vfio-pci after the reboot) for each GPU of O(expected)
     C(vfio).
-  - Every type, at both stages, when O(host) has C(kernels) - C(other installed kernels): no installed kernel but the
+  - Every type, at both stages, when O(host) has C(kernels) - C(other installed kernels) (no installed kernel but the
     running one has C(problems) (an initramfs missing or older than the collection's files, a boot entry without
     the kernel arguments kernel_cmdline recorded), so that booting a kernel the distribution installed since still
-    gives the host its type; the detail names each kernel and problem. The running kernel keeps the other checks.
+    gives the host its type; the detail names each kernel and problem). The running kernel keeps the other checks.
   - C(dra), when O(dra_blockers) holds a result - C(nothing holds the GPUs' device nodes) (no process would keep
     the DRA driver from moving a GPU to vfio-pci; each blocker is named with its kind, pid, unit and nodes).
   - Bad input (a fact or setting of the wrong type, an unknown workload type or stage, an address that is not one)

@@ -111,7 +111,7 @@ options:
       - A kernel the set's own rebuild covers is not rebuilt twice (C(update-initramfs -u -k all) updates every
         existing image, C(dracut --regenerate-all) builds every kernel's).
       - Nothing is rebuilt with O(rebuild=never) or without a generator. A kernel removed while it is rebuilt is
-        skipped, not an error. Nothing is recorded as pending: an image left older than the files by a run cut
+        skipped, not an error. Nothing is recorded as pending, since an image left older than the files by a run cut
         short is found again by the next run.
       - RV(reboot_required) is true only when the running kernel's initramfs is rebuilt this way.
       - A failed rebuild stops there and names the kernels already rebuilt; the set's files, written and built
