@@ -263,7 +263,10 @@ MAX_MODULE_LENGTH = 55
 MAX_TIMEOUT = 86400
 
 # The directories of the files an initramfs carries; _kernels compares the images with the files in them.
-MODPROBE_DIR, LOAD_DIR, INITRAMFS_TOOLS_DIR, DRACUT_DIR = _kernels.INITRAMFS_SOURCE_DIRS
+MODPROBE_DIR = _kernels.INITRAMFS_SOURCE_DIRS[0]
+LOAD_DIR = _kernels.INITRAMFS_SOURCE_DIRS[1]
+INITRAMFS_TOOLS_DIR = _kernels.INITRAMFS_SOURCE_DIRS[2]
+DRACUT_DIR = _kernels.INITRAMFS_SOURCE_DIRS[3]
 TOOLS = {"initramfs-tools": "update-initramfs", "dracut": "dracut"}
 # The pending record (see _persist.mark_pending) of an initramfs rebuild that has not finished.
 PENDING = _persist.PENDING_INITRAMFS
