@@ -1223,8 +1223,9 @@ def test_a_grub_cfg_entry_without_the_arguments_is_generated_again(tmp_path):
 def test_a_recovery_entry_without_the_arguments_is_not_generated_again(tmp_path):
     host = debian_host(tmp_path)
     assert not run(host, arguments=IOMMU).get("failed")
-    host.write("/boot/grub/grub.cfg", host.grub_cfg() + "menuentry 'Debian GNU/Linux (recovery mode)' {\n"
-                                                         "\tlinux /boot/vmlinuz-6.1.0-18-amd64 root=UUID=1234 ro single\n}\n")
+    recovery = ("menuentry 'Debian GNU/Linux (recovery mode)' {\n"
+                "\tlinux /boot/vmlinuz-6.1.0-18-amd64 root=UUID=1234 ro single\n}\n")
+    host.write("/boot/grub/grub.cfg", host.grub_cfg() + recovery)
     calls = host.calls()
     assert run(host, arguments=IOMMU)["changed"] is False and host.calls() == calls
 
