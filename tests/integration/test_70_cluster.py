@@ -101,8 +101,8 @@ def helm_repo(kube_api, tmp_path_factory):
     server.server_close()
 
 
-def inventory(tmp_path, kube_api, helm_repo, hosts=None, extra_all=None, name="inv"):
-    """An inventory of the three GPU hosts with their facts, pointed at the cluster lab."""
+def inventory(tmp_path, kube_api, helm_repo, hosts=None, extra_all=None, name="inv", nodes=None):
+    """An inventory of the three GPU hosts (or ``nodes``) with their facts, pointed at the cluster lab."""
     all_vars = {
         "gpuops_kubeconfig": kube_api["kubeconfig"],
         "gpuops_vgpu_device_config": VGPU_CONFIG,
@@ -119,7 +119,7 @@ def inventory(tmp_path, kube_api, helm_repo, hosts=None, extra_all=None, name="i
         "ansible_python_interpreter": VENV_PYTHON,
     }
     all_vars.update(extra_all or {})
-    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(NODES, hosts), all_vars["ansible_python_interpreter"])
+    return write_inventory(tmp_path, name, all_vars, gpu_host_vars(nodes or NODES, hosts), all_vars["ansible_python_interpreter"])
 
 
 def playbook(helm_repo, inv, name="cluster.yml", *extra):
@@ -486,11 +486,13 @@ def test_skipped_without_kubeconfig(kube_api, helm_repo, tmp_path):
     assert snapshot(kube_api) == before
 
 
-def test_a_node_joining_with_limit_touches_nothing_else(kube_api, helm_repo, tmp_path):
+def test_a_node_joins_with_limit_then_leaves_and_nothing_else_changes(kube_api, helm_repo, tmp_path):
     """A node joins (lab-h200, a vm-passthrough host with an L40S) and the cluster half runs for it alone
     (--limit lab-h200,localhost): it is labelled and its GPU permitted in the KubeVirt CR; no other node's labels,
     no other KubeVirt entry and no Helm release change, although the other hosts have no facts in such a run. The
-    same run again changes nothing."""
+    same run again changes nothing. Then playbooks/remove_nodes.yml takes it out again: cordoned, the collection's
+    labels released and the GPU Operator's operands off, its KubeVirt entry gone, a user's label kept, and the
+    cluster as it was before the join everywhere else; a second removal run changes nothing."""
     l40s = {"address": "0000:41:00.0", "vendor": "10de", "device": "26b9", "class": "030200", "driver": "vfio-pci",
             "is_vf": False, "mdev_types": [], "vgpu": None}
     joined = dict(NODES, **{"lab-h200": "vm-passthrough"})
@@ -524,8 +526,41 @@ def test_a_node_joining_with_limit_touches_nothing_else(kube_api, helm_repo, tmp
         assert proc.returncode == 0, proc.stdout[-4000:]
         flat = " ".join(proc.stdout.split())
         assert "leaves out localhost" in flat and "--limit lab-h200,localhost" in flat, proc.stdout[-3000:]
+
+        # The node leaves. Its host is another tool's here (the removal never connects to it); the whole inventory
+        # is read, as in a real removal.
+        kubectl(kube_api, "label", "node", "lab-h200", "example.com/rack=r7")
+        leaving = inventory(tmp_path, kube_api, helm_repo, nodes=joined, name="inv-leaving",
+                            hosts={"lab-h200": {"gpu_facts_gpus": [l40s], "gpuops_host_managed": False}})
+        # A name not in the inventory and a --limit are refused before anything changes.
+        proc = playbook(helm_repo, leaving, "remove_nodes.yml", "--limit", "localhost", "-e", "gpuops_remove_nodes=lab-h999")
+        flat = " ".join(proc.stdout.split())
+        assert proc.returncode != 0 and "lab-h999: not a host of group gpu_nodes" in flat, proc.stdout[-3000:]
+        assert "--limit localhost: run without --limit" in flat and "Traceback" not in proc.stdout
+        joined_state = snapshot(kube_api)
+        assert joined_state == after and not kget(kube_api, "node", "lab-h200")["spec"].get("unschedulable")
+
+        proc = playbook(helm_repo, leaving, "remove_nodes.yml", "-e", "gpuops_remove_nodes=lab-h200")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert "Taken out: lab-h200 (1 with a Node, cordoned, labels released, operands off: 1 changed)" in \
+            " ".join(proc.stdout.split()), proc.stdout[-3000:]
+        assert_nothing_leaked(kube_api, proc.stdout)
+        node = kget(kube_api, "node", "lab-h200")
+        assert node["spec"].get("unschedulable") is True
+        labels = node["metadata"]["labels"]
+        assert WL not in labels and labels["nvidia.com/gpu.deploy.operands"] == "false"
+        assert labels["example.com/rack"] == "r7"
+        removed = snapshot(kube_api)
+        assert removed["nodes"] == before["nodes"] and removed["releases"] == before["releases"]
+        assert removed["kubevirt"][1] == before["kubevirt"][1]
+        proc = playbook(helm_repo, leaving, "remove_nodes.yml", "-e", "gpuops_remove_nodes=lab-h200")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert recap(proc.stdout)["changed"] == 0 and recap(proc.stdout, "lab-h200")["changed"] == 0, proc.stdout[-6000:]
+        assert snapshot(kube_api) == removed
     finally:
-        kubectl(kube_api, "label", "node", "lab-h200", WL + "-", check=False)
+        kubectl(kube_api, "uncordon", "lab-h200", check=False)
+        kubectl(kube_api, "label", "node", "lab-h200", WL + "-", "nvidia.com/gpu.deploy.operands-", "example.com/rack-",
+                check=False)
         kubectl(kube_api, "annotate", "node", "lab-h200", "gpuops.sandbox/labels-", check=False)
         meta = kubevirt_before["metadata"].get("annotations") or {}
         now = (kget(kube_api, "kubevirt", "kubevirt", "-n", "kubevirt")["metadata"].get("annotations") or {})
