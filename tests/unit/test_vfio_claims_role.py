@@ -98,7 +98,8 @@ def test_a_modprobe_d_claim_removed_rebuilds_the_initramfs():
 def reboot_facts(**registered):
     entry = task("tasks/boot.yml", "Record why the host needs a reboot")
     names = ["__host_prepare_nouveau", "__host_prepare_vfio_modules", "__host_prepare_vfio_modules_removed",
-             "__host_prepare_cmdline", "__host_prepare_cmdline_removed", "__host_prepare_claims_replaced"]
+             "__host_prepare_cmdline", "__host_prepare_cmdline_removed", "__host_prepare_claims_replaced",
+             "__host_prepare_kernels"]
     found = dict({name: SKIPPED for name in names}, **registered)
     return templar(found).template(trusted(entry["ansible.builtin.set_fact"]))
 
@@ -110,6 +111,15 @@ def test_a_claim_taken_off_the_command_line_is_a_change_and_a_reason_to_reboot(n
     assert facts["host_prepare_reboot_reasons"] == ["kernel command line changed"]
     facts = reboot_facts()
     assert facts["host_prepare_changed"] is False and facts["host_prepare_reboot_reasons"] == []
+
+
+def test_another_kernels_initramfs_rebuilt_is_a_change_but_no_reason_to_reboot():
+    other = {"changed": True, "kernels_rebuilt": [{"kernel": "6.1.0-51-amd64", "running": False}]}
+    facts = reboot_facts(__host_prepare_kernels=other)
+    assert facts["host_prepare_changed"] is True and facts["host_prepare_reboot_reasons"] == []
+    running = {"changed": True, "kernels_rebuilt": [{"kernel": "6.1.0-50-amd64", "running": True}]}
+    assert reboot_facts(__host_prepare_kernels=running)["host_prepare_reboot_reasons"] == [
+        "initramfs of the running kernel rebuilt"]
 
 
 def test_a_function_left_to_the_boot_is_not_expected_back_on_a_fixed_driver():
