@@ -18,7 +18,7 @@ see lab/layout.py):
 The image boots through grub from a partitioned disk with ``intel_iommu=off`` on its command line, so
 turning the IOMMU on is a real bootloader change and a real reboot.
 
-Commands: image, start, stop, reset, status, ssh, info, inventory. Run with --help for details.
+Commands: image, start, stop, reset, status, ssh, info, inventory, kernel-package. Run with --help for details.
 
 The parts live beside this script, which holds the commands: labconfig.py (settings, error, the inventory's
 hosts), labhost.py (QEMU and the Vm class), labimage.py (the base image), labnet.py (SSH and the connection
@@ -51,7 +51,7 @@ from labconfig import (BOOT_TIMEOUT, CACHE, INVENTORY_CONNECTION, INVENTORY_DIR,
                        PART_OFFSET, RECIPE_VERSION, SSH_USER, STATE, TOP, LabError, autostarts, image_path,
                        lab_host_settings, lab_hosts, locked, log, manifest_path, need_tools, select_hosts, tail_text)
 from labhost import Vm, choose_accel, keep_priority, stand_in_devices  # noqa: E402
-from labimage import ensure_image, image_manifest, image_problem  # noqa: E402
+from labimage import ensure_image, image_manifest, image_problem, kernel_package  # noqa: E402
 from labnet import (ANSWER_TIMEOUT, NoAnswer, close_master, console_size, ssh_cmd, ssh_key, wait_ssh,  # noqa: E402
                     write_inventory)
 from labstate import SavedBootError  # noqa: E402
@@ -273,6 +273,16 @@ def cmd_follow_reboots(args):
     follow_reboots(Vm(args.host))
 
 
+def cmd_kernel_package(_args):
+    try:
+        manifest = image_manifest()
+    except (OSError, ValueError):
+        manifest = {}
+    if not manifest.get("kernel"):
+        raise LabError("no lab image is built yet (its manifest names its kernel): run `gpulab image` first")
+    print(json.dumps(kernel_package(manifest["kernel"])))
+
+
 def cmd_inventory(_args):
     write_inventory(lab_hosts())
     log("wrote %s" % os.path.relpath(INVENTORY_CONNECTION, TOP))
@@ -303,6 +313,8 @@ def main(argv=None):
     p = add_command(sub, "ssh", cmd_ssh, "open a shell (or run a command) on a lab host")
     p.add_argument("host")
     p.add_argument("command", nargs=argparse.REMAINDER)
+    add_command(sub, "kernel-package", cmd_kernel_package,
+                "another kernel of the image's series as a .deb (cached), for the kernel-update test: JSON")
     add_command(sub, "inventory", cmd_inventory, "rewrite inventories/lab/zz-lab-connection.yml")
     add_command(sub, "follow-reboots", cmd_follow_reboots,
                 "(started with each host) start the host again when its guest reboots").add_argument("host")

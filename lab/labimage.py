@@ -134,6 +134,56 @@ def build_mtty(kver):
     return ko
 
 
+# A distribution kernel package of the image's series: linux-image-<release>-<abi>-amd64.
+KERNEL_PACKAGE_RE = re.compile(r"^linux-image-(\d+\.\d+\.\d+)-(\d+)-amd64$")
+
+
+def pick_kernel_package(names, image_kernel):
+    """Of the package names `names`, the kernel package another kernel ABI of the image's series than
+    `image_kernel` (say 6.1.0-50-amd64) comes in: the highest ABI above the image's (a distribution's kernel
+    update), else the highest below it; None when there is no other."""
+    match = KERNEL_PACKAGE_RE.match("linux-image-" + image_kernel)
+    if not match:
+        raise LabError("the image's kernel %r is not a Debian kernel release of the form 6.1.0-50-amd64" % image_kernel)
+    series, abi = match.group(1), int(match.group(2))
+    others = sorted(int(m.group(2)) for m in map(KERNEL_PACKAGE_RE.match, names)
+                    if m and m.group(1) == series and int(m.group(2)) != abi)
+    above = [n for n in others if n > abi]
+    pick = (above or others or [None])[-1]
+    return None if pick is None else "linux-image-%s-%d-amd64" % (series, pick)
+
+
+def kernel_package(image_kernel):
+    """The .deb of another kernel of the image's series (see pick_kernel_package), for the lab's kernel-update
+    test: {"package", "kernel", "deb"}. Downloaded once with apt-get into the cache; a cached one is used as it is,
+    so a mirror that has moved on since does not change the test."""
+    directory = os.path.join(CACHE, "kernels")
+    os.makedirs(directory, exist_ok=True)
+    cached = sorted(name for name in os.listdir(directory)
+                    if name.endswith(".deb") and KERNEL_PACKAGE_RE.match(name.split("_")[0])
+                    and name.split("_")[0] != "linux-image-" + image_kernel)
+    if not cached:
+        if not shutil.which("apt-get"):
+            raise LabError("no kernel package is cached in %s and apt-get is missing to download one" % directory)
+        proc = subprocess.run(["apt-cache", "pkgnames", "linux-image-"], timeout=300, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, check=False)
+        package = pick_kernel_package(proc.stdout.split(), image_kernel)
+        if package is None:
+            raise LabError("the package lists name no kernel of the series of %s besides it (apt-cache pkgnames "
+                           "linux-image-: %s); run apt-get update" % (image_kernel, proc.stderr.strip() or "none"))
+        log("downloading %s (a kernel update for the lab's kernel-update test)" % package)
+        proc = subprocess.run(["apt-get", "download", package], cwd=directory, timeout=1200,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
+        if proc.returncode != 0:
+            raise LabError("apt-get download %s failed: %s" % (package, proc.stderr.strip()))
+        cached = sorted(name for name in os.listdir(directory) if name.startswith(package + "_"))
+        if not cached:
+            raise LabError("apt-get download %s left no .deb in %s" % (package, directory))
+    name = cached[-1]
+    package = name.split("_")[0]
+    return {"package": package, "kernel": package[len("linux-image-"):], "deb": os.path.join(directory, name)}
+
+
 def configure_rootfs(rootfs, kver, mtty_ko):
     """Write the lab's configuration into the debootstrapped tree."""
     write_file(rootfs, "/etc/hostname", "gpulab\n")

@@ -542,3 +542,36 @@ def test_a_host_that_booted_twice_and_does_not_answer_fails_with_its_report(gpul
 def test_a_running_host_that_answers_is_left_alone(gpulab, monkeypatch):
     error, launches, kills, _bounds = start_with(gpulab, monkeypatch, ["ok"])
     assert error is None and launches == [] and kills == []
+
+
+KERNEL_NAMES = ["linux-image-6.1.0-47-amd64", "linux-image-6.1.0-50-amd64", "linux-image-6.1.0-56-amd64",
+                "linux-image-6.1.0-53-amd64", "linux-image-6.1.0-56-amd64-unsigned", "linux-image-6.1.0-56-cloud-amd64",
+                "linux-image-6.12.107+deb12-amd64", "linux-image-amd64"]
+
+
+def test_the_kernel_update_is_the_highest_abi_above_the_image_kernel(gpulab):
+    assert gpulab.labimage.pick_kernel_package(KERNEL_NAMES, "6.1.0-50-amd64") == "linux-image-6.1.0-56-amd64"
+
+
+def test_without_a_newer_abi_the_highest_other_one_is_taken(gpulab):
+    assert gpulab.labimage.pick_kernel_package(KERNEL_NAMES, "6.1.0-56-amd64") == "linux-image-6.1.0-53-amd64"
+    assert gpulab.labimage.pick_kernel_package(["linux-image-6.1.0-50-amd64"], "6.1.0-50-amd64") is None
+
+
+def test_a_kernel_that_is_not_a_debian_release_is_named(gpulab):
+    with pytest.raises(gpulab.LabError, match="'6.12.107-custom'"):
+        gpulab.labimage.pick_kernel_package(KERNEL_NAMES, "6.12.107-custom")
+
+
+def test_a_cached_kernel_package_is_used_without_the_mirror(gpulab, monkeypatch):
+    kernels = os.path.join(gpulab.CACHE, "kernels")
+    os.makedirs(kernels)
+    for name in ("linux-image-6.1.0-50-amd64_6.1.176-1_amd64.deb", "linux-image-6.1.0-53-amd64_6.1.180-1_amd64.deb"):
+        open(os.path.join(kernels, name), "wb").close()
+
+    def no_mirror(*_args, **_kwargs):
+        raise AssertionError("the mirror was asked")
+    monkeypatch.setattr(gpulab.labimage.subprocess, "run", no_mirror)
+    found = gpulab.labimage.kernel_package("6.1.0-50-amd64")
+    assert found == {"package": "linux-image-6.1.0-53-amd64", "kernel": "6.1.0-53-amd64",
+                     "deb": os.path.join(kernels, "linux-image-6.1.0-53-amd64_6.1.180-1_amd64.deb")}
