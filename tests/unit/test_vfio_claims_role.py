@@ -132,3 +132,23 @@ def test_a_function_left_to_the_boot_is_not_expected_back_on_a_fixed_driver():
     found = with_vars({"__host_prepare_vfio_unbind": {"devices": devices}}, entry)
     facts = templar(found).template(trusted(entry["ansible.builtin.set_fact"]))
     assert facts["host_prepare_restored"] == {"0000:01:00.0": "nvidia", "0000:05:00.0": None}
+
+
+def kernel(version, running=False, stale=False):
+    return {"version": version, "running": running, "initramfs_stale": stale, "entries": [], "problems": []}
+
+
+@pytest.mark.parametrize("kernels, wanted", [
+    ([kernel("6.1.0-50-amd64", running=True)], False),
+    ([kernel("6.1.0-50-amd64", running=True, stale=True)], True),
+    ([kernel("6.1.0-50-amd64", running=True), kernel("6.1.0-56-amd64")], True),
+    ([kernel("6.1.0-56-amd64")], True),
+    ([], True),
+    (None, True),
+])
+def test_the_kernels_rebuild_runs_unless_the_one_kernel_is_the_running_one_and_current(kernels, wanted):
+    entry = task("tasks/boot.yml", "Rebuild the initramfs of each installed kernel built without the collection's module files")
+    found = {"gpu_facts_host": {"managed_files": {}}}
+    if kernels is not None:
+        found["gpu_facts_host"]["kernels"] = kernels
+    assert when(with_vars(found, entry), entry) is wanted
