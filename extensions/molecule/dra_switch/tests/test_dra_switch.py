@@ -1,5 +1,6 @@
-"""lab-dra after dra -> vm-passthrough -> dra: a prepared dra node again (the dra scenario's own checks, imported
-below), and what the vm-passthrough leg looked like on this host's shape, recorded by side_effect.yml."""
+"""lab-dra after a kernel update and dra -> vm-passthrough -> dra: a prepared dra node again (the dra scenario's own
+checks, imported below), what the vm-passthrough leg looked like on this host's shape, and each leg on the kernel the
+distribution installed, recorded by side_effect.yml."""
 
 import importlib.util
 import json
@@ -63,3 +64,49 @@ def test_the_way_back_gave_every_function_its_driver(host):
         a: HOST_DRIVERS[functions[a]["class"]] for a in companions}
     assert [a for a, f in functions.items() if f["override"] != "(null)" or f["driver"] == "vfio-pci"] == []
     assert report["reboot"]["method"] != "none"
+
+
+def installed(host):
+    """What side_effect.yml saw once dpkg had installed the kernel update: {"kernel", "package", "kernels"}."""
+    return json.loads(host.file("/var/tmp/gpuops-dra-switch-kernel.json").content_string)
+
+
+def test_the_kernel_update_came_with_the_collections_settings(host):
+    """Installed by dpkg on the prepared dra node, with no run of the collection since: gpu_facts reads both
+    kernels and neither lacks anything. The package's hooks built the new initramfs with the collection's files,
+    and update-grub gave the new entries the collection's arguments."""
+    seen = installed(host)
+    kernels = {k["version"]: k for k in seen["kernels"]}
+    assert seen["kernel"] in kernels and len(kernels) == 2, kernels
+    new = kernels[seen["kernel"]]
+    assert new["running"] is False and new["initramfs"] == "/boot/initrd.img-" + seen["kernel"], new
+    assert new["entries"] and [e for e in new["entries"] if e["missing"]] == [], new
+    assert {v: k["problems"] for v, k in kernels.items()} == {v: [] for v in kernels}
+
+
+def images_of(report):
+    """{kernel version: [the collection's files and vfio-pci.ko in its initramfs]} of a leg."""
+    return {version: listing.split() for version, _sep, listing in (line.partition(" ") for line in report["images"])}
+
+
+def test_each_leg_booted_the_kernel_update(host):
+    new = installed(host)["kernel"]
+    for name in ("vm-passthrough", "dra"):
+        report, _functions = leg(host, name)
+        assert report["kernel"] == new, (name, report["kernel"])
+        check = [c for c in report["checks"] if c["check"] == "other installed kernels"]
+        assert check and check[0]["ok"], (name, check)
+
+
+def test_every_kernels_image_carried_exactly_the_legs_files(host):
+    """Both switches rebuilt both kernels' images: the vfio files and the GPUs' udev rules in each while the host
+    was a vm-passthrough node, none of them in either once it was a dra node again; nouveau's blacklist in all."""
+    for name, vfio in (("vm-passthrough", True), ("dra", False)):
+        report, _functions = leg(host, name)
+        images = images_of(report)
+        assert len(images) == 2 and installed(host)["kernel"] in images, (name, images)
+        for version, files in images.items():
+            assert "etc/modprobe.d/gpuops-nouveau.conf" in files, (name, version, files)
+            carried = {"etc/modprobe.d/gpuops-vfio.conf" in files, any(f.endswith("/vfio-pci.ko") for f in files),
+                       any("61-gpuops-vfio-" in f for f in files)}
+            assert carried == {vfio}, (name, version, files)
