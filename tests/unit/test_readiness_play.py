@@ -73,3 +73,51 @@ def test_the_table_reads_as_a_table_under_the_default_settings(tmp_path):
     assert lines[-1] == "1 of 3 GPU nodes ready"
     assert "".join(lines).count("GPU nodes ready") == 1
     assert max(len(line) for line in printed) <= 80, task
+
+
+def verify_hosts_task(play, name):
+    plays = yaml.safe_load(open(os.path.join(TOP, "playbooks", "verify_hosts.yml"), encoding="utf-8"))
+    return next(t for t in plays[play]["tasks"] if t["name"] == name)
+
+
+VERIFY_REPORTS = {
+    "gpu-a": {"host": "gpu-a", "workload_type": "dra", "ready": False, "reboot_pending": False,
+              "checks": [{"check": "other installed kernels", "ok": False, "detail": "6.1.0-50-amd64: stale"},
+                         {"check": "GPUs matching the selectors", "ok": True, "detail": "2 GPUs"}]},
+    # A host another tool prepares: its report has managed: false and no readiness of its own.
+    "gpu-b": {"host": "gpu-b", "workload_type": "container", "managed": False, "ready": None, "reboot_pending": False,
+              "checks": []},
+    "gpu-c": {"host": "gpu-c", "workload_type": "vm-vgpu", "ready": True, "reboot_pending": False, "checks": []},
+}
+
+
+def verify_inventory(tmp_path):
+    inventory = {"gpu_nodes": {"hosts": dict((name, {"host_verify_report": report, "ansible_connection": "local"})
+                                             for name, report in VERIFY_REPORTS.items())},
+                 "ungrouped": {"hosts": {"localhost": {"ansible_connection": "local"}}}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    return tmp_path / "hosts.yml"
+
+
+def test_verify_hosts_names_the_hosts_not_ready_beside_one_managed_elsewhere(tmp_path):
+    task = verify_hosts_task(1, "Fail when a host is not ready")
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"name": "report", "hosts": "localhost", "gather_facts": False,
+                                                        "tasks": [task]}]))
+    rc, out = ansible_playbook("-i", verify_inventory(tmp_path), tmp_path / "play.yml")
+    assert rc != 0 and "Not ready: gpu-a'" in out, out[-3000:]
+    assert "has no attribute" not in out
+
+
+def test_verify_hosts_limited_to_gpu_nodes_fails_each_host_not_ready(tmp_path):
+    """A --limit without localhost skips the report play: the host that is not ready fails on its own, naming its
+    failed checks; with localhost in the limit the report play does it."""
+    task = verify_hosts_task(0, "Fail a host that is not ready when the limit leaves out the readiness report")
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"name": "check", "hosts": "gpu_nodes", "gather_facts": False,
+                                                        "tasks": [task]}]))
+    rc, out = ansible_playbook("-i", verify_inventory(tmp_path), tmp_path / "play.yml", "--limit", "gpu-a,gpu-b,gpu-c")
+    assert rc != 0, out[-3000:]
+    flat = " ".join(out.split())
+    assert "gpu-a is not ready (dra): other installed kernels: 6.1.0-50-amd64: stale (--limit gpu-a,gpu-b,gpu-c" in flat, flat
+    assert "failed=1" in flat and "gpu-b is not ready" not in flat and "gpu-c is not ready" not in flat
+    rc, out = ansible_playbook("-i", verify_inventory(tmp_path), tmp_path / "play.yml", "--limit", "gpu-a,localhost")
+    assert rc == 0 and "gpu-a is not ready" not in out, out[-3000:]
