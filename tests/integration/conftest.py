@@ -757,13 +757,60 @@ def passthrough_host_steps(host="lab-passthrough"):
                       ("drift", functools.partial(drift, host))])
 
 
+# The kernel update on lab-dra (the dra_switch scenario installs it and boots it): what each kernel's initramfs and
+# the boot look like, one line each: "boot <boot_id>", "running <release>", "image <release> <mtime>".
+KERNELS_STATE = ("echo boot $(cat /proc/sys/kernel/random/boot_id); echo running $(uname -r); "
+                 "for i in /boot/initrd.img-*; do echo image ${i#/boot/initrd.img-} $(stat -c %Y $i); done")
+
+
+def kernels_state(host):
+    seen = {"images": {}}
+    for line in lab("ssh", host, "--", KERNELS_STATE, check=True).stdout.splitlines():
+        key, _sep, rest = line.partition(" ")
+        if key == "image":
+            version, _sep, mtime = rest.partition(" ")
+            seen["images"][version] = int(mtime)
+        elif key in ("boot", "running"):
+            seen[key] = rest.strip()
+    return seen
+
+
+def kernel_repair(host):
+    """After the kernel update (dra_switch): the kernel the host ran before it has an image older than the
+    collection's files (its mtime set back, as when the files changed while that kernel was not rebuilt), so
+    verify_hosts.yml fails naming it and prepare_hosts.yml rebuilds that image alone without a reboot. Then the
+    distribution removes that kernel (dpkg -r, which leaves the lab's mtty.ko in its modules directory, as DKMS
+    modules are left) and gpu_facts reads the one kernel left."""
+    before = kernels_state(host)
+    old = sorted(v for v in before["images"] if v != before.get("running"))
+    seen = {"before": before, "old": old}
+    if len(old) != 1:
+        return seen
+    lab("ssh", host, "--", "touch -d 2020-01-01 /boot/initrd.img-%s" % old[0], check=True)
+    verify = run(["ansible-playbook", "playbooks/verify_hosts.yml", "-i", "inventories/lab/", "--limit", host],
+                 timeout=1800)
+    seen.update(verify_rc=verify.returncode, verify_out=verify.stdout)
+    repair = prepare_hosts(host, timeout=2400)
+    seen.update(repair_rc=repair.returncode, repair_out=repair.stdout, after=kernels_state(host))
+    removed = lab("ssh", host, "--", "DEBIAN_FRONTEND=noninteractive dpkg --force-unsafe-io -r linux-image-amd64 "
+                  "linux-image-%s >/dev/null && ls /lib/modules && ls /boot" % old[0])
+    seen.update(remove_rc=removed.returncode, remove_out=removed.stdout)
+    facts = run(["ansible", host, "-i", "inventories/lab/", "-m", "gpuops.sandbox.gpu_facts", "-o"], timeout=600)
+    seen.update(facts_rc=facts.returncode, facts_out=facts.stdout)
+    return seen
+
+
+def dra_host_steps(host="lab-dra"):
+    return HostSteps([("kernel repair", functools.partial(kernel_repair, host))])
+
+
 class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
     (the image, API server, chart, operator and docs tests): the module targets on lab-modules (the longest
     chain), the four workload-type scenarios on the GPU hosts, then on lab-passthrough the switch scenario, on
     lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their scenario passed; the
     preflight failures and a held host on lab-container after its scenario, the refused switch and the drift repair
-    on lab-passthrough after the switch scenario; a network-less host in a lab of its own once the boot has ended.
+    on lab-passthrough after the switch scenario, the stale kernel's repair on lab-dra after the dra_switch scenario; a network-less host in a lab of its own once the boot has ended.
     The tests from test_81 on check what each left: the controller's own tests (test_50 to test_80) run first, from
     the session's start, and nothing lab-bound runs in the tests themselves but site.yml at the end (test_95).
 
@@ -787,11 +834,12 @@ class LabWork:
         self.nonet = NoNetworkRun(boot=self.boot)
         self.container_checks = After(self.scenarios, "container", container_host_steps)
         self.passthrough_checks = After(self.switch.get, "switch", passthrough_host_steps)
+        self.dra_checks = After(self.dra_switch.get, "dra_switch", dra_host_steps)
 
     @property
     def parts(self):
         return [self.boot, self.modules, self.scenarios, self.switch, self.dra_switch, self.power_loss, self.nonet,
-                self.container_checks, self.passthrough_checks]
+                self.container_checks, self.passthrough_checks, self.dra_checks]
 
     def settle(self):
         for part in self.parts:
@@ -1273,7 +1321,7 @@ def lab_work_times(work):
     power_loss = work.power_loss.get(timeout=0)
     if power_loss is not None and "elapsed" in power_loss.results(timeout=0):
         parts.append({"part": "power loss run", "seconds": round(power_loss.results(timeout=0)["elapsed"])})
-    for follow in (work.container_checks, work.passthrough_checks):
+    for follow in (work.container_checks, work.passthrough_checks, work.dra_checks):
         steps = follow.get(timeout=0)
         for name, (seconds, ended) in dict(steps.times if steps is not None else {}).items():
             parts.append({"part": name, "seconds": round(seconds), "ended": round(ended - TIMES["started"])})

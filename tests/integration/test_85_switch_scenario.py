@@ -1,5 +1,6 @@
 """The switch scenarios: a host goes from vm-passthrough to container and back (molecule, scenario switch), and
-lab-dra from dra to vm-passthrough and back (scenario dra_switch).
+lab-dra, after a kernel update, from dra to vm-passthrough and back (scenario dra_switch); then the old kernel's
+stale image on lab-dra.
 
 Each starts, in the background, from the host its workload scenario of test_82 left prepared (molecule create
 reuses it; no converge or idempotence step, see switched()) as soon as that scenario has passed, and runs while the image, API server and docs tests
@@ -7,6 +8,7 @@ use the controller; this test waits for it. Each switch undoes the old type and 
 fails the scenario when a leg keeps anything of the type it left.
 """
 
+import json
 import re
 
 from conftest import VFIO_HOLDER, action_output, console_tail, reboots
@@ -61,3 +63,32 @@ def test_refused_switch_changes_nothing(lab_work):
     assert "cannot be prepared as a container node" in out and "Nothing was changed" in out
     assert "changed=0" in out and "Traceback" not in seen["out"]
     assert seen["after"] == seen["before"]
+
+
+def test_a_stale_kernel_image_is_named_and_rebuilt_alone_then_its_removal_is_no_error(lab_work):
+    """On lab-dra after the kernel update (the dra_switch scenario): the kernel it ran before has an image older
+    than the collection's files. verify_hosts.yml fails naming that kernel; prepare_hosts.yml rebuilds that image
+    alone, with no reboot (the running kernel is right); then dpkg removes that kernel, its modules directory stays
+    behind (the lab's mtty.ko in it), and gpu_facts reads the one kernel left."""
+    steps = lab_work.dra_checks.get()
+    assert steps is not None, "the stale kernel's repair follows the dra_switch scenario, which failed"
+    seen = steps.results()["kernel repair"]
+    assert "error" not in seen, seen["error"]
+    assert len(seen["old"]) == 1, seen["before"]
+    old, running = seen["old"][0], seen["before"]["running"]
+    verify = " ".join(seen["verify_out"].split())
+    assert seen["verify_rc"] != 0, seen["verify_out"][-4000:]
+    assert "other installed kernels" in verify and "initramfs /boot/initrd.img-%s is older than" % old in verify, \
+        seen["verify_out"][-4000:]
+    assert "Traceback" not in seen["verify_out"]
+    assert seen["repair_rc"] == 0, seen["repair_out"][-6000:]
+    after = seen["after"]
+    assert after["boot"] == seen["before"]["boot"] and after["running"] == running, (seen["before"], after)
+    assert after["images"][running] == seen["before"]["images"][running], (seen["before"], after)
+    assert after["images"][old] > seen["before"]["images"][old], (seen["before"], after)
+    assert seen["remove_rc"] == 0, seen["remove_out"]
+    assert "vmlinuz-%s" % old not in seen["remove_out"] and old in seen["remove_out"].split(), seen["remove_out"]
+    assert seen["facts_rc"] == 0, seen["facts_out"][-4000:]
+    line = next(l for l in seen["facts_out"].splitlines() if " | SUCCESS => " in l)
+    facts = json.loads(line.split(" => ", 1)[1])["ansible_facts"]["gpu_facts_host"]
+    assert [(k["version"], k["running"], k["problems"]) for k in facts["kernels"]] == [(running, True, [])], facts
