@@ -11,8 +11,8 @@ of kernel_cmdline (a generated grub.cfg older than its files). A kernel is insta
 ``/lib/modules/<version>`` directory and a ``/boot/vmlinuz-<version>``. For each: its initramfs
 (``/boot/initrd.img-<version>`` or ``/boot/initramfs-<version>.img``) and whether it is older than one of this
 collection's files that go into an initramfs (by modification time: unpacking images is far too slow), and the
-arguments of each boot entry of the kernel (grub.cfg ``linux`` lines, BLS entries) against the arguments
-kernel_cmdline recorded as its own.
+arguments of each boot entry of the kernel (grub.cfg ``linux`` lines while a grub.cfg generator is installed, BLS
+entries in /boot/loader/entries and on the ESP) against the arguments kernel_cmdline recorded as its own.
 
 Everything here only reads and never raises: a file that cannot be read says less, and a kernel whose files vanish
 while it is read (removed meanwhile) is left out.
@@ -38,6 +38,13 @@ INITRAMFS_SOURCE_DIRS = ("/etc/modprobe.d", "/etc/modules-load.d", "/usr/share/i
 OWN_PREFIX = "gpuops-"
 # The generated grub configuration (Debian, RHEL) and the grubenv RHEL 8's BLS entries take $kernelopts from.
 GRUB_CFG_FILES = ("/boot/grub/grub.cfg", "/boot/grub2/grub.cfg")
+# What generates grub.cfg: without one of these a grub.cfg is what an earlier boot loader left (a host moved to
+# systemd-boot keeps /boot/grub/grub.cfg when grub's packages are purged), and nothing boots its entries.
+GRUB_MKCONFIG = ("/usr/sbin/grub-mkconfig", "/usr/sbin/grub2-mkconfig", "/sbin/grub-mkconfig", "/sbin/grub2-mkconfig",
+                 "/usr/bin/grub-mkconfig", "/usr/bin/grub2-mkconfig")
+# The BLS entries systemd-boot boots live on the EFI system partition (or XBOOTLDR), mounted at /efi, /boot/efi or
+# /boot (bootctl's order); /boot/loader/entries is _cmdline's (grubby's and RHEL's grub2).
+ESP_ENTRY_DIRS = ("/efi/loader/entries", "/boot/efi/loader/entries")
 GRUBENV_FILES = ("/boot/grub2/grubenv", "/boot/grub/grubenv")
 
 _SECTION_RE = re.compile(r"^### (BEGIN|END) /etc/grub\.d/(\S+) ###\s*$")
@@ -107,6 +114,11 @@ def initramfs_of(root, version):
     return None, None
 
 
+def grub_in_use(root="/"):
+    """True when a grub.cfg generator is installed (see GRUB_MKCONFIG)."""
+    return any(os.path.isfile(host_path(root, path)) for path in GRUB_MKCONFIG)
+
+
 def grub_cfg_entries(root="/", files=GRUB_CFG_FILES):
     """The Linux entries grub-mkconfig's ``10_linux`` wrote into grub.cfg: ``[{"file", "title", "kernel", "args"}]``.
 
@@ -153,34 +165,65 @@ def _grubenv_kernelopts(root):
     return None
 
 
+def _bls_files(root):
+    """``[(path on the host, full path)]`` of the BLS entries in /boot/loader/entries and on the ESP, sorted per
+    directory; a directory seen twice (/boot/efi a link to /boot, say) is read once."""
+    found, seen = [], set()
+    for directory in (_cmdline.BLS_ENTRIES_DIR,) + ESP_ENTRY_DIRS:
+        full_dir = host_path(root, directory)
+        try:
+            real = os.path.realpath(full_dir)
+            names = sorted(n for n in os.listdir(full_dir) if n.endswith(".conf"))
+        except (IOError, OSError):
+            continue
+        if real in seen:
+            continue
+        seen.add(real)
+        found.extend(("%s/%s" % (directory, name), os.path.join(full_dir, name)) for name in names)
+    return found
+
+
+def _entry_kernel(version, image):
+    """The kernel version a BLS entry boots, from its ``linux`` path: ``vmlinuz-<version>`` (RHEL: a rescue entry's
+    ``vmlinuz-0-rescue-<id>`` names no installed kernel), else its ``version`` key or, without one, the directory
+    of ``<entry token>/<version>/linux`` as kernel-install lays the ESP out (Debian's systemd-boot)."""
+    name = os.path.basename(image or "")
+    if name.startswith("vmlinuz-"):
+        return name[len("vmlinuz-"):]
+    if not name:
+        return None
+    return version or (os.path.basename(os.path.dirname(image)) if name == "linux" else None) or None
+
+
 def bls_entries(root="/"):
-    """The BLS entries (``/boot/loader/entries/*.conf``): ``[{"file", "title", "kernel", "args"}]``.
+    """The BLS entries (``/boot/loader/entries/*.conf``, and ``loader/entries`` on an ESP mounted at /efi or
+    /boot/efi, where systemd-boot boots them): ``[{"file", "title", "kernel", "args"}]``.
 
     ``$kernelopts`` in an entry's options (RHEL 8) is taken from grubenv.
     """
     entries = []
     kernelopts = None
-    for full in _cmdline.bls_entry_files(root):
+    for path, full in _bls_files(root):
         text = _read(full)
         if text is None:
             continue
-        title = image = None
+        title = image = version = None
         options = []
         for line in text.splitlines():
             key, _sep, value = line.strip().partition(" ")
             if key == "title":
                 title = value.strip()
+            elif key == "version":
+                version = value.strip()
             elif key == "linux":
-                image = os.path.basename(value.strip())
+                image = value.strip()
             elif key == "options":
                 options = _cmdline.split_cmdline(value)
         if "$kernelopts" in options:
             kernelopts = _grubenv_kernelopts(root) if kernelopts is None else kernelopts
             at = options.index("$kernelopts")
             options[at:at + 1] = kernelopts or []
-        entries.append({"file": _cmdline.BLS_ENTRIES_DIR + "/" + os.path.basename(full), "title": title,
-                        "kernel": image[len("vmlinuz-"):] if image and image.startswith("vmlinuz-") else None,
-                        "args": options})
+        entries.append({"file": path, "title": title, "kernel": _entry_kernel(version, image), "args": options})
     return entries
 
 
@@ -251,7 +294,7 @@ def installed_kernels(root="/", running=None, extra_sources=()):
         running = running or running_kernel(root)
         sources = initramfs_sources(root, extra_sources)
         wanted = recorded_arguments(root)
-        entries = grub_cfg_entries(root) + bls_entries(root)
+        entries = (grub_cfg_entries(root) if grub_in_use(root) else []) + bls_entries(root)
         result = []
         for version in kernel_versions(root):
             kernel = read_kernel(root, version, running, sources, entries, wanted)

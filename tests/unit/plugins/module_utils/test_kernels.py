@@ -69,6 +69,7 @@ def tree(tmp_path):
     stamp(tree, "/etc/modprobe.d/alsa-base.conf", T_AFTER + 100)
     tree.write("/var/lib/gpuops/kernel_cmdline.json", json.dumps(RECORD))
     install(tree, OLD)
+    tree.write("/usr/sbin/grub-mkconfig", "#!/bin/sh\n")
     tree.write("/boot/grub/grub.cfg", grub_cfg([("Debian GNU/Linux", OLD, "quiet intel_iommu=on iommu=pt")]))
     return tree
 
@@ -259,3 +260,58 @@ def test_extra_sources_count(tree):
     kernels = dict((k["version"], k) for k in _kernels.installed_kernels(tree.root,
                                                                          extra_sources=["/etc/modprobe.d/mine.conf"]))
     assert kernels[NEW]["problems"] == ["initramfs /boot/initrd.img-%s is older than /etc/modprobe.d/mine.conf" % NEW]
+
+
+# Debian with systemd-boot, as kernel-install 252 and bootctl laid out a lab host's ESP (2026-11-28): the entry
+# token "debian" (bootctl install --entry-token=os-id), the kernel and the image copied beside the entry.
+ESP_ENTRY = ("title      Debian GNU/Linux 12 (bookworm)\nversion    %(v)s\nsort-key   debian\n"
+             "options    root=LABEL=gpulab-root ro console=ttyS0,115200 %(args)s\n"
+             "linux      /debian/%(v)s/linux\ninitrd     /debian/%(v)s/initrd.img-%(v)s\n")
+
+
+def systemd_boot(tree, version, args, esp="/boot/efi"):
+    """The host boots through systemd-boot: grub's packages purged (its grub.cfg left behind), the ESP's entry."""
+    os.unlink(tree.path("/usr/sbin/grub-mkconfig"))
+    tree.write("%s/loader/entries/debian-%s.conf" % (esp, version), ESP_ENTRY % {"v": version, "args": args})
+
+
+@pytest.mark.parametrize("esp", ["/boot/efi", "/efi"])
+def test_the_esp_entry_systemd_boot_boots_is_checked(tree, esp):
+    """/etc/kernel/cmdline changed, the entry kernel-install wrote before not: the entry lacks the arguments."""
+    systemd_boot(tree, OLD, "intel_iommu=off", esp=esp)
+    old = by_version(tree)[OLD]
+    assert old["entries"] == [{"file": "%s/loader/entries/debian-%s.conf" % (esp, OLD),
+                               "title": "Debian GNU/Linux 12 (bookworm)", "missing": ["intel_iommu=on", "iommu=pt"]}]
+    assert old["problems"] == ["boot entry %s/loader/entries/debian-%s.conf entry 'Debian GNU/Linux 12 (bookworm)' "
+                               "lacks intel_iommu=on iommu=pt" % (esp, OLD)]
+
+
+def test_an_esp_entry_with_the_arguments_passes_and_a_left_grub_cfg_is_not_read(tree):
+    """The grub.cfg of the fixture has the arguments; here it lacks them, but nothing generates or boots it."""
+    tree.write("/boot/grub/grub.cfg", grub_cfg([("Debian GNU/Linux", OLD, "quiet intel_iommu=off")]))
+    systemd_boot(tree, OLD, "intel_iommu=on iommu=pt")
+    old = by_version(tree)[OLD]
+    assert [e["file"] for e in old["entries"]] == ["/boot/efi/loader/entries/debian-%s.conf" % OLD]
+    assert old["problems"] == []
+
+
+def test_a_grub_cfg_is_read_while_grub_generates_it(tree):
+    tree.write("/boot/grub/grub.cfg", grub_cfg([("Debian GNU/Linux", OLD, "quiet intel_iommu=off")]))
+    assert by_version(tree)[OLD]["entries"][0]["missing"] == ["intel_iommu=on", "iommu=pt"]
+
+
+def test_an_esp_entry_without_a_version_key_is_named_by_its_directory(tree):
+    systemd_boot(tree, OLD, "intel_iommu=off")
+    path = "/boot/efi/loader/entries/debian-%s.conf" % OLD
+    with open(tree.path(path)) as handle:
+        text = "".join(line for line in handle if not line.startswith("version"))
+    tree.write(path, text)
+    assert by_version(tree)[OLD]["entries"][0]["missing"] == ["intel_iommu=on", "iommu=pt"]
+
+
+def test_a_rhel_rescue_entry_names_no_installed_kernel(tree):
+    install(tree, RHEL_NEW, image="initramfs-%s.img")
+    rhel(tree, RHEL_NEW, "root=/dev/mapper/rl-root ro intel_iommu=on iommu=pt")
+    tree.write("/boot/loader/entries/abc-0-rescue.conf",
+               "title Rocky Linux (0-rescue-abc)\nversion %s\nlinux /vmlinuz-0-rescue-abc\noptions ro\n" % RHEL_NEW)
+    assert by_version(tree)[RHEL_NEW]["problems"] == []
