@@ -42,7 +42,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     split_cmdline,
     strip_loader_tokens,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._kernels import grub_cfg_entries
+from ansible_collections.gpuops.sandbox.plugins.module_utils._kernels import bls_entries, grub_cfg_entries, kernel_present
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._shellvars import (
     evaluate_grub_defaults,
@@ -388,6 +388,17 @@ def plan_grub2_mkconfig(ctx):
     return plan
 
 
+def bls_kernels(ctx, stale_only):
+    """``{version: [entry files on the host]}`` of the installed kernels with a BLS entry (/boot/loader/entries, or
+    the ESP's that systemd-boot boots); with ``stale_only``, only the entries that lack the request."""
+    found = {}
+    for entry in bls_entries(ctx.root):
+        version = entry["kernel"]
+        if version and kernel_present(ctx.root, version) and not (stale_only and ctx.satisfied(entry["args"])):
+            found.setdefault(version, []).append(entry["file"])
+    return found
+
+
 def plan_kernel_cmdline_file(ctx):
     plan = Plan()
     path = ctx.path(KERNEL_CMDLINE_FILE)
@@ -399,11 +410,38 @@ def plan_kernel_cmdline_file(ctx):
     ctx.prepare(tokens)
     new = ctx.apply([tokens])[0]
     plan.cmdline_args = new
+    # kernel-install writes an entry's options from the file when it installs a kernel: the entries written before
+    # keep the old ones (systemd-boot boots them as they are). Each installed kernel's entry is written again with
+    # `kernel-install add` (which also copies the kernel's current initramfs beside it): all of them when the file
+    # changes or a run was cut short after writing it, else those that lack the request.
+    installer = ctx.which("kernel-install")
+    earlier = read_pending(ctx.root, PENDING) if installer else None
+    rewrite = {}
+    if installer:
+        rewrite = bls_kernels(ctx, stale_only=new == tokens and earlier is None)
     if new != tokens:
         plan.needs_change = True
         plan.files.append((path, old_text, render_kernel_cmdline_file(new)))
-    plan.note = ("boot entries already installed keep their command line until kernel-install writes them again "
-                 "(kernel update or 'kernel-install add')")
+    if rewrite:
+        plan.needs_change = True
+        plan.pending = ctx.shown(path)
+        for version in sorted(rewrite):
+            plan.backup_only.extend(ctx.path(f) for f in rewrite[version])
+            plan.commands.append([installer, "add", version, ctx.path("/boot/vmlinuz-%s" % version)])
+        if new == tokens:
+            plan.note = ("%s lack the requested arguments: written again with kernel-install"
+                         % ", ".join("the boot entry of %s" % v for v in sorted(rewrite)))
+
+        def verify():
+            still = bls_kernels(ctx, stale_only=True)
+            if still:
+                return ("kernel-install wrote the boot entries again but %s still lack the requested arguments"
+                        % ", ".join(f for v in sorted(still) for f in still[v]))
+            return None
+        plan.verify = verify
+    elif new != tokens:
+        plan.note = ("no boot entry of an installed kernel was found to write again (kernel-install or BLS entries "
+                     "missing): entries written later by kernel-install get the new command line")
     return plan
 
 

@@ -32,9 +32,12 @@ description:
     result back with C(grubby --info=ALL), and keeps C(GRUB_CMDLINE_LINUX) of C(/etc/default/grub) in sync.
   - C(grub2_mkconfig) (RHEL 9.3 and later without grubby) edits C(GRUB_CMDLINE_LINUX) in
     C(/etc/default/grub) and runs C(grub2-mkconfig -o /boot/grub2/grub.cfg --update-bls-cmdline).
-  - C(kernel_cmdline_file) (systemd-boot and other C(kernel-install) hosts) edits C(/etc/kernel/cmdline).
-    No command is run; entries already installed keep their command line until C(kernel-install) next
-    writes them (for example on the next kernel update, or with C(kernel-install add)).
+  - C(kernel_cmdline_file) (systemd-boot and other C(kernel-install) hosts) edits C(/etc/kernel/cmdline), then
+    writes the BLS entry of each installed kernel again with C(kernel-install add <version> /boot/vmlinuz-<version>)
+    (entries in C(/boot/loader/entries) or in C(loader/entries) of an ESP mounted at C(/efi) or C(/boot/efi)), since
+    C(kernel-install) copies the file into an entry only when it installs the kernel. An entry that lacks the request
+    although the file is right is written again the same way. The entries are backed up first and put back on
+    failure.
   - Reports whether a reboot is needed by comparing the requested state with C(/proc/cmdline). Never
     reboots.
   - Every boot configuration file is backed up before it changes, into C(/var/lib/gpuops/backups), never next

@@ -693,6 +693,77 @@ def test_kernel_cmdline_file_created_from_proc(tmp_path):
     assert "backup_file" not in result
 
 
+# Debian's systemd-boot as a lab host showed it (2026-11-28): kernel-install's 90-loaderentry writes the entry on the
+# ESP from /etc/kernel/cmdline, under the entry token "debian", with the kernel and its initramfs copied beside it.
+FAKE_KERNEL_INSTALL = r"""#!/bin/sh
+ROOT='{root}'
+echo "kernel-install $*" >> "$ROOT/calls.log"
+[ "$1" = add ] || exit 1
+[ -n '{fail}' ] && {{ echo "kernel-install: {fail}" >&2; exit 1; }}
+mkdir -p "$ROOT/boot/efi/debian/$2"
+printf 'title      Debian GNU/Linux 12 (bookworm)\nversion    %s\noptions    %s\nlinux      /debian/%s/linux\n' \
+  "$2" "$(cat "$ROOT/etc/kernel/cmdline")" "$2" > "$ROOT/boot/efi/loader/entries/debian-$2.conf"
+"""
+ESP_KERNELS = ("6.1.0-50-amd64", "6.1.0-56-amd64")
+
+
+def systemd_boot_host(base, fail=""):
+    """Debian booting through systemd-boot: /etc/kernel/cmdline, two kernels, each with its entry on the ESP."""
+    host = Host(base)
+    host.write("/etc/kernel/cmdline", "root=LABEL=r ro intel_iommu=off\n")
+    host.write("/proc/cmdline", "initrd=\\debian\\6.1.0-50-amd64\\initrd.img root=LABEL=r ro intel_iommu=off\n")
+    host.write("/boot/efi/loader/entries/.keep", "")
+    host.script("kernel-install", FAKE_KERNEL_INSTALL.format(root=host.root, fail=""))
+    for version in ESP_KERNELS:
+        host.write("/lib/modules/%s/modules.dep" % version, "")
+        host.write("/boot/vmlinuz-%s" % version, "kernel")
+        subprocess.run([os.path.join(host.bin, "kernel-install"),
+                        "add", version, host.path("/boot/vmlinuz-%s" % version)], check=True)
+    os.unlink(host.log)
+    if fail:
+        host.script("kernel-install", FAKE_KERNEL_INSTALL.format(root=host.root, fail=fail))
+    return host
+
+
+def esp_options(host):
+    return [host.read("/boot/efi/loader/entries/debian-%s.conf" % v).split("options    ")[1].split("\n")[0]
+            for v in ESP_KERNELS]
+
+
+def test_kernel_cmdline_file_writes_every_installed_kernels_entry_again(tmp_path):
+    host = systemd_boot_host(tmp_path)
+    check = run(host, check=True, arguments=IOMMU)
+    assert check["changed"] is True and host.calls() == [] and esp_options(host) == ["root=LABEL=r ro intel_iommu=off"] * 2
+    result = run(host, arguments=IOMMU)
+    assert result["backend"] == "kernel_cmdline_file" and result["changed"] is True
+    assert host.calls() == ["kernel-install add %s %s" % (v, host.path("/boot/vmlinuz-%s" % v)) for v in ESP_KERNELS]
+    assert esp_options(host) == ["root=LABEL=r ro intel_iommu=on iommu=pt"] * 2
+    again = run(host, arguments=IOMMU)
+    assert again["changed"] is False and len(host.calls()) == 2
+
+
+def test_an_entry_left_without_the_request_is_written_again(tmp_path):
+    """The file is right but an entry is not (written before the file changed, by hand, by an older run)."""
+    host = systemd_boot_host(tmp_path)
+    host.write("/etc/kernel/cmdline", "root=LABEL=r ro intel_iommu=on iommu=pt\n")
+    entry = "/boot/efi/loader/entries/debian-6.1.0-56-amd64.conf"
+    host.write(entry, host.read(entry).replace("intel_iommu=off", "intel_iommu=on iommu=pt"))
+    result = run(host, arguments=IOMMU)
+    assert result["changed"] is True and "the boot entry of 6.1.0-50-amd64" in result["msg"]
+    assert host.calls() == ["kernel-install add 6.1.0-50-amd64 %s" % host.path("/boot/vmlinuz-6.1.0-50-amd64")]
+    assert esp_options(host) == ["root=LABEL=r ro intel_iommu=on iommu=pt"] * 2
+
+
+def test_a_failed_kernel_install_puts_the_file_and_the_entries_back(tmp_path):
+    host = systemd_boot_host(tmp_path, fail="no space left on /boot/efi")
+    before = {p: host.read(p) for p in ["/etc/kernel/cmdline"] + [
+        "/boot/efi/loader/entries/debian-%s.conf" % v for v in ESP_KERNELS]}
+    result = run(host, arguments=IOMMU)
+    assert result["failed"] is True and "no space left on /boot/efi" in result["msg"]
+    assert "Rolled back" in result["msg"] and "Traceback" not in result["msg"]
+    assert {p: host.read(p) for p in before} == before
+
+
 @pytest.mark.parametrize("backend, command", [("grubby", "grubby"), ("grub2_mkconfig", "grub2-mkconfig")])
 def test_missing_command_of_a_forced_backend_is_a_clean_failure(tmp_path, backend, command):
     host = debian_host(tmp_path)
