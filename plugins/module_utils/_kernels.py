@@ -207,7 +207,7 @@ def bls_entries(root="/"):
         text = _read(full)
         if text is None:
             continue
-        title = image = version = None
+        title = image = version = initrd = None
         options = []
         for line in text.splitlines():
             key, _sep, value = line.strip().partition(" ")
@@ -219,12 +219,26 @@ def bls_entries(root="/"):
                 image = value.strip()
             elif key == "options":
                 options = _cmdline.split_cmdline(value)
+            elif key == "initrd" and initrd is None:
+                initrd = value.strip()
         if "$kernelopts" in options:
             kernelopts = _grubenv_kernelopts(root) if kernelopts is None else kernelopts
             at = options.index("$kernelopts")
             options[at:at + 1] = kernelopts or []
-        entries.append({"file": path, "title": title, "kernel": _entry_kernel(version, image), "args": options})
+        entry = {"file": path, "title": title, "kernel": _entry_kernel(version, image), "args": options}
+        esp = [d for d in ESP_ENTRY_DIRS if path.startswith(d + "/")]
+        if esp and initrd:
+            # On the ESP the entry boots a copy of the image (kernel-install's), under the ESP's mount point.
+            entry["initrd"] = esp[0][:-len("/loader/entries")] + "/" + initrd.lstrip("/")
+        entries.append(entry)
     return entries
+
+
+def esp_kernels(root="/"):
+    """The installed kernels with a BLS entry on the ESP (systemd-boot boots a copy of their initramfs there, which
+    kernel-install makes), sorted."""
+    return sorted(set(e["kernel"] for e in bls_entries(root)
+                      if e.get("initrd") and e["kernel"] and kernel_present(root, e["kernel"])))
 
 
 def recorded_arguments(root="/"):
@@ -274,6 +288,17 @@ def read_kernel(root, version, running, sources, entries, wanted):
         own.append({"file": entry["file"], "title": entry["title"], "missing": missing})
         if missing:
             problems.append("boot entry %s lacks %s" % (_entry_where(entry), " ".join(missing)))
+        if entry.get("initrd"):
+            try:
+                copied = os.stat(host_path(root, entry["initrd"])).st_mtime_ns
+            except (IOError, OSError):
+                copied = None
+            newer = [path for path, mtime in sources if copied is None or mtime > copied]
+            if copied is None or newer:
+                stale = True
+                problems.append("boot entry %s boots %s, %s" % (
+                    _entry_where(entry), entry["initrd"],
+                    "which is missing" if copied is None else "older than %s" % ", ".join(newer)))
     # Files that vanished while they were read belong to a kernel being removed: that is not a problem of the host.
     if not kernel_present(root, version):
         return None

@@ -114,6 +114,8 @@ options:
         skipped, not an error. Nothing is recorded as pending, since an image left older than the files by a run cut
         short is found again by the next run.
       - RV(reboot_required) is true only when the running kernel's initramfs is rebuilt this way.
+      - A kernel whose boot entry on the EFI system partition boots a copy of the initramfs older than these files
+        (systemd-boot) counts as such a kernel too; see RV(esp_copies).
       - A failed rebuild stops there and names the kernels already rebuilt; the set's files, written and built
         before, stay.
     type: bool
@@ -230,6 +232,15 @@ kernels_rebuilt:
       running: false
       reason: initramfs /boot/initrd.img-6.1.0-50-amd64 is older than /etc/modprobe.d/gpuops-nouveau.conf
       command: [/usr/sbin/update-initramfs, -u, -k, 6.1.0-50-amd64]
+esp_copies:
+  description:
+    - With dracut on a host that boots through systemd-boot, the kernels whose rebuilt initramfs was copied again to
+      the EFI system partition with C(kernel-install add) (systemd-boot boots that copy, which dracut does not
+      refresh; Debian's initramfs-tools does it through its own hook).
+  returned: when the module changed something
+  type: list
+  elements: str
+  sample: [6.1.0-50-amd64]
 """
 
 import os
@@ -422,7 +433,8 @@ def plan_kernels(module, root, tool, wanted, set_rebuild):
     for kernel in _kernels.installed_kernels(root, extra_sources=own):
         if not kernel["initramfs_stale"] or (set_rebuild and kernel["initramfs"] is not None):
             continue
-        reason = [p for p in kernel["problems"] if p.startswith(("initramfs ", "has no initramfs"))]
+        # Its image's problems (/boot's, or the copy an ESP entry boots), not its entries' missing arguments.
+        reason = [p for p in kernel["problems"] if " lacks " not in p]
         plan.append({"kernel": kernel["version"], "running": kernel["running"],
                      "reason": "; ".join(reason) or "initramfs older than this set's files",
                      "command": kernel_command(module, tool, kernel)})
@@ -442,6 +454,26 @@ def rebuild_kernels(module, root, plan, timeout):
                 " ".join(item["command"]), rc, (err or out).strip()[-2000:], item["kernel"],
                 "rebuilt before it: %s" % ", ".join(done) if done else "no other kernel was rebuilt"))
         done.append(item["kernel"])
+
+
+def install_esp_copies(module, root, versions, timeout):
+    """systemd-boot boots a copy of each kernel's initramfs on the ESP, which dracut does not refresh (Debian's
+    initramfs-tools does, through its post-update hook): ``kernel-install add`` copies each rebuilt one again.
+    Returns the kernels done; raises naming the first that failed."""
+    installer = module.get_bin_path("kernel-install", required=False)
+    if not installer or not versions:
+        return []
+    done = []
+    for version in versions:
+        argv = [installer, "add", version, host_path(root, "/boot/vmlinuz-%s" % version)]
+        rc, out, err = run_timed(module, argv, timeout, option="timeout", kill_after=30)
+        if rc != 0:
+            raise ModulesError("%s failed (rc=%s): %s; the rebuilt initramfs of kernel %s is not yet on the ESP, "
+                               "which systemd-boot boots (copied again for: %s); run the preparation again" % (
+                                   " ".join(argv), rc, (err or out).strip()[-2000:], version,
+                                   ", ".join(done) or "no kernel"))
+        done.append(version)
+    return done
 
 
 def run(module, root):
@@ -493,8 +525,11 @@ def run(module, root):
                     "for the modules of set %s to be in it" % params["name"])
     if module.check_mode or not (changes or rebuild or kernels):
         return result
+    esp = _kernels.esp_kernels(root) if tool == "dracut" else []
     if not (changes or rebuild):
         rebuild_kernels(module, root, kernels, params["timeout"])
+        result["esp_copies"] = install_esp_copies(module, root, [v for v in esp if v in
+                                                                 [k["kernel"] for k in kernels]], params["timeout"])
         return result
 
     # Find the generator before writing anything, so a missing one changes nothing.
@@ -525,6 +560,9 @@ def run(module, root):
                 " ".join(cmd), rc, (err or out).strip()[-2000:], rollback))
         _persist.clear_pending(root, PENDING)
     rebuild_kernels(module, root, kernels, params["timeout"])
+    # dracut --regenerate-all rebuilt every kernel's image; the per-kernel rebuilds theirs.
+    rebuilt = esp if cmd else [v for v in esp if v in [k["kernel"] for k in kernels]]
+    result["esp_copies"] = install_esp_copies(module, root, rebuilt, params["timeout"])
     return result
 
 

@@ -269,10 +269,13 @@ ESP_ENTRY = ("title      Debian GNU/Linux 12 (bookworm)\nversion    %(v)s\nsort-
              "linux      /debian/%(v)s/linux\ninitrd     /debian/%(v)s/initrd.img-%(v)s\n")
 
 
-def systemd_boot(tree, version, args, esp="/boot/efi"):
+def systemd_boot(tree, version, args, esp="/boot/efi", copied=T_AFTER):
     """The host boots through systemd-boot: grub's packages purged (its grub.cfg left behind), the ESP's entry."""
     os.unlink(tree.path("/usr/sbin/grub-mkconfig"))
     tree.write("%s/loader/entries/debian-%s.conf" % (esp, version), ESP_ENTRY % {"v": version, "args": args})
+    copy = "%s/debian/%s/initrd.img-%s" % (esp, version, version)
+    tree.write(copy, "image")
+    stamp(tree, copy, copied)
 
 
 @pytest.mark.parametrize("esp", ["/boot/efi", "/efi"])
@@ -315,3 +318,20 @@ def test_a_rhel_rescue_entry_names_no_installed_kernel(tree):
     tree.write("/boot/loader/entries/abc-0-rescue.conf",
                "title Rocky Linux (0-rescue-abc)\nversion %s\nlinux /vmlinuz-0-rescue-abc\noptions ro\n" % RHEL_NEW)
     assert by_version(tree)[RHEL_NEW]["problems"] == []
+
+
+def test_an_esp_copy_of_the_initramfs_older_than_the_files_is_stale(tree):
+    """systemd-boot boots the copy kernel-install put on the ESP: /boot's image rebuilt by dracut is not enough."""
+    systemd_boot(tree, OLD, "intel_iommu=on iommu=pt", copied=T_BEFORE)
+    old = by_version(tree)[OLD]
+    assert old["initramfs_stale"] is True
+    assert old["problems"] == ["boot entry /boot/efi/loader/entries/debian-%s.conf entry 'Debian GNU/Linux 12 "
+                               "(bookworm)' boots /boot/efi/debian/%s/initrd.img-%s, older than %s, %s, %s"
+                               % (OLD, OLD, OLD, NOUVEAU, VFIO_LOAD, ITOOLS)]
+    assert _kernels.esp_kernels(tree.root) == [OLD]
+
+
+def test_an_esp_entry_whose_initramfs_copy_is_gone_is_stale(tree):
+    systemd_boot(tree, OLD, "intel_iommu=on iommu=pt")
+    os.unlink(tree.path("/boot/efi/debian/%s/initrd.img-%s" % (OLD, OLD)))
+    assert by_version(tree)[OLD]["problems"][0].endswith("initrd.img-%s, which is missing" % OLD)

@@ -929,3 +929,75 @@ def test_a_kernel_removed_while_it_is_rebuilt_is_skipped(monkeypatch, prepared):
     assert kind == "exit", result
     assert prepared.commands == [[UPDATE_INITRAMFS, "-u", "-k", NEWER], [UPDATE_INITRAMFS, "-u", "-k", third]]
     assert any("kernel %s was removed" % NEWER in w for w in prepared.warnings)
+
+
+KERNEL_INSTALL = "/usr/bin/kernel-install"
+
+
+def esp_entry(host, version, copied=None):
+    """The kernel's systemd-boot entry on the ESP (kernel-install's layout), with its copy of the initramfs."""
+    host.tree.write("/boot/efi/loader/entries/debian-%s.conf" % version,
+                    "title Debian\nversion %s\noptions root=LABEL=r ro\nlinux /debian/%s/linux\n"
+                    "initrd /debian/%s/initrd.img-%s\n" % (version, version, version, version))
+    host.tree.write("/boot/efi/debian/%s/initrd.img-%s" % (version, version), "copy")
+    if copied is not None:
+        os.utime(host.tree.path("/boot/efi/debian/%s/initrd.img-%s" % (version, version)), (copied, copied))
+
+
+def copies_again(host, dracut_effect):
+    """dracut as generator() has it; kernel-install add copies /boot's image to the ESP, as Debian's 85-initrd does."""
+    def effect(args):
+        if args[0] == KERNEL_INSTALL:
+            version = args[2]
+            host.tree.write("/boot/efi/debian/%s/initrd.img-%s" % (version, version), "copy")
+            return
+        dracut_effect(args)
+    return effect
+
+
+def test_dracut_on_systemd_boot_copies_every_rebuilt_image_to_the_esp(monkeypatch, prepared):
+    """dracut does not refresh the copies systemd-boot boots; kernel-install add does, after the set's rebuild."""
+    prepared.bins["kernel-install"] = KERNEL_INSTALL
+    esp_entry(prepared, RUNNING)
+    esp_entry(prepared, NEWER)
+    prepared.effect = copies_again(prepared, generator(prepared))
+    args = dict(VFIO_ARGS, options={"nouveau": "modeset=0"}, initramfs_tool="dracut")
+    kind, result = run(monkeypatch, args)
+    assert kind == "exit", result
+    assert prepared.commands == [[DRACUT, "-f", "--regenerate-all"]] + [
+        [KERNEL_INSTALL, "add", v, prepared.tree.path("/boot/vmlinuz-%s" % v)] for v in (RUNNING, NEWER)]
+    assert result["esp_copies"] == [RUNNING, NEWER]
+
+
+def test_an_esp_copy_older_than_the_files_is_rebuilt_and_copied_alone(monkeypatch, prepared):
+    """/boot's images are right, but the copy systemd-boot boots for NEWER predates the files (a run of dracut
+    alone, by hand or by an older release of this collection)."""
+    prepared.bins["kernel-install"] = KERNEL_INSTALL
+    esp_entry(prepared, RUNNING)
+    esp_entry(prepared, NEWER)
+    prepared.effect = copies_again(prepared, generator(prepared))
+    args = dict(VFIO_ARGS, rebuild_kernels=True, initramfs_tool="dracut")
+    kind, result = run(monkeypatch, args)
+    assert kind == "exit" and result["esp_copies"] == [RUNNING, NEWER], result
+    prepared.commands.clear()
+    copy = prepared.tree.path("/boot/efi/debian/%s/initrd.img-%s" % (NEWER, NEWER))
+    os.utime(copy, (T_BEFORE, T_BEFORE))
+    kind, result = run(monkeypatch, args)
+    assert kind == "exit", result
+    assert prepared.commands == [[DRACUT, "-f", "--kver", NEWER],
+                                 [KERNEL_INSTALL, "add", NEWER, prepared.tree.path("/boot/vmlinuz-%s" % NEWER)]]
+    assert result["esp_copies"] == [NEWER] and result["reboot_required"] is False
+    assert "boots /boot/efi/debian/%s/initrd.img-%s, older than" % (NEWER, NEWER) in result["kernels_rebuilt"][0]["reason"]
+    prepared.commands.clear()
+    kind, result = run(monkeypatch, args)
+    assert result["changed"] is False and prepared.commands == []
+
+
+def test_a_failed_copy_to_the_esp_is_named(monkeypatch, prepared):
+    prepared.bins["kernel-install"] = KERNEL_INSTALL
+    esp_entry(prepared, RUNNING)
+    prepared.results[:] = [(0, "", ""), (1, "", "kernel-install: No space left on device")]
+    kind, result = run(monkeypatch, dict(VFIO_ARGS, options={"nouveau": "modeset=0"}, initramfs_tool="dracut"))
+    assert kind == "fail", result
+    assert "No space left on device" in result["msg"] and "not yet on the ESP" in result["msg"]
+    assert "Traceback" not in result["msg"]
