@@ -526,10 +526,10 @@ def run(module, root):
     if module.check_mode or not (changes or rebuild or kernels):
         return result
     esp = _kernels.esp_kernels(root) if tool == "dracut" else []
+    one_by_one = [v for v in esp if v in [k["kernel"] for k in kernels]]
     if not (changes or rebuild):
         rebuild_kernels(module, root, kernels, params["timeout"])
-        result["esp_copies"] = install_esp_copies(module, root, [v for v in esp if v in
-                                                                 [k["kernel"] for k in kernels]], params["timeout"])
+        result["esp_copies"] = install_esp_copies(module, root, one_by_one, params["timeout"])
         return result
 
     # Find the generator before writing anything, so a missing one changes nothing.
@@ -561,8 +561,7 @@ def run(module, root):
         _persist.clear_pending(root, PENDING)
     rebuild_kernels(module, root, kernels, params["timeout"])
     # dracut --regenerate-all rebuilt every kernel's image; the per-kernel rebuilds theirs.
-    rebuilt = esp if cmd else [v for v in esp if v in [k["kernel"] for k in kernels]]
-    result["esp_copies"] = install_esp_copies(module, root, rebuilt, params["timeout"])
+    result["esp_copies"] = install_esp_copies(module, root, esp if cmd else one_by_one, params["timeout"])
     return result
 
 
