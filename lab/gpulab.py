@@ -22,7 +22,8 @@ Commands: image, start, stop, reset, status, ssh, info, inventory, kernel-packag
 
 The parts live beside this script, which holds the commands: labconfig.py (settings, error, the inventory's
 hosts), labhost.py (QEMU and the Vm class), labimage.py (the base image), labnet.py (SSH and the connection
-inventory), labreboot.py (the reboot follower) and labstate.py (the saved boots a pristine host starts from).
+inventory), labreboot.py (the reboot follower), labstate.py (the saved boots a pristine host starts from) and
+labuefi.py (a host that boots the RHEL family's way: gpulab_boot: uefi, OVMF, systemd-boot, kernel-install, dracut).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import labhost  # noqa: E402
 import labimage  # noqa: E402
 import labnet  # noqa: E402
 import labreboot  # noqa: E402
+import labuefi  # noqa: E402
 from labconfig import (BOOT_TIMEOUT, CACHE, INVENTORY_CONNECTION, INVENTORY_DIR, INVENTORY_HOSTS, LAB,  # noqa: E402
                        PART_OFFSET, RECIPE_VERSION, SSH_USER, STATE, TOP, LabError, autostarts, image_path,
                        lab_host_settings, lab_hosts, locked, log, manifest_path, need_tools, select_hosts, tail_text)
@@ -160,6 +162,8 @@ def cmd_start(args):
         not saved yet), then hot-plug the SR-IOV stand-in held back for the save and wait until the guest's
         driver has it."""
         plan, vm.pending = vm.pending, None
+        if vm.converting:
+            convert(vm, port, plan)
         if plan is None:
             return
         if plan.mode == "save":
@@ -174,6 +178,34 @@ def cmd_start(args):
                 raise LabError("%s: the SR-IOV stand-in hot-plugged at %s did not appear with its driver in the "
                                "guest within 600s" % (vm.name, address))
             log("%s: SR-IOV stand-in hot-plugged at %s (%.0fs)" % (vm.name, address, time.time() - started))
+
+    def convert(vm, port, plan):
+        """A gpulab_boot: uefi host booted from the base image: converted (lab/labuefi.py), powered off and started
+        again through OVMF on the same port, with the devices `plan` holds back. A conversion that fails leaves the
+        host stopped, its overlay back to the pristine image, so the next start converts it again."""
+        started = time.time()
+        try:
+            labuefi.convert(vm, port, ssh_cmd)
+            close_master(port)
+            deadline = time.time() + 300
+            while vm.process_alive() and time.time() < deadline:
+                time.sleep(1)
+            if vm.process_alive():
+                raise LabError("%s: did not power off within 300s after its conversion" % vm.name)
+        except LabError:
+            with locked(os.path.join(STATE, "lab.lock")):
+                vm.kill()
+                vm.new_overlay(manifest)
+            raise
+        vm.converting = False
+        vm.save_meta(firmware="uefi")
+        with locked(os.path.join(STATE, "lab.lock")):
+            vm.kill()
+            vm._launch(manifest, accel, pub, True, plan)  # pylint: disable=protected-access
+        wait_ssh(vm, port, args.timeout, answer_timeout=ANSWER_TIMEOUT)
+        vm.save_meta(boot_to_ssh=round(time.time() - started, 1))
+        log("%s: converted to systemd-boot and dracut, and booted through OVMF, in %.0fs"
+            % (vm.name, time.time() - started))
 
     def restart_once(vm, exc):
         """A guest that booted and does not answer: its report kept, then one cold start on the same port."""
@@ -223,7 +255,7 @@ def cmd_reset(args):
             if vm.state() != "stopped":
                 running.append(name)
             vm.kill()
-            for path in (vm.disk, vm.meta_path):
+            for path in (vm.disk, vm.meta_path, vm.esp, vm.vars):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             log("%s: back to the pristine image" % name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import time
 
 from labcommon import free_ports, port_free, read_json
 import labstate
+import labuefi
 import layout as layout_mod
 from labconfig import (CACHE, CLI, CPUS, INVENTORY_HOSTS, MEMORY_MB, STATE, LabError, image_path, lab_host_settings,
                        log, read_text, run)
@@ -134,6 +136,10 @@ class Vm:
         self.events = os.path.join(self.dir, "events.sock")
         self.follow_log = os.path.join(self.dir, "reboots.log")
         self.meta_path = os.path.join(self.dir, "vm.json")
+        # A gpulab_boot: uefi host's ESP disk and firmware variables (lab/labuefi.py).
+        self.esp = os.path.join(self.dir, "esp.qcow2")
+        self.vars = os.path.join(self.dir, "vars.fd")
+        self.converting = False
 
     # -- recorded state -----------------------------------------------------------------------
     def meta(self):
@@ -230,7 +236,45 @@ class Vm:
         run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2" if backing else "raw", "-b",
              backing or image_path(), tmp], timeout=60)
         os.replace(tmp, self.disk)
-        self.save_meta(image_id=manifest["id"], created=time.time(), pristine=backing is None)
+        for path in (self.esp, self.vars):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.save_meta(image_id=manifest["id"], created=time.time(), pristine=backing is None, firmware=None)
+
+    def converted(self):
+        """True once this host boots through UEFI (converted, or restored from a converted host's saved boot)."""
+        return self.meta().get("firmware") == "uefi"
+
+    def boot_args(self, settings):
+        """(the disk's device arguments, the firmware's and ESP's) of this host's next start: a gpulab_boot: uefi
+        host boots through OVMF once converted, and before that through the BIOS from the base image's disk, first
+        in the boot order, beside its empty ESP disk (lab/labuefi.py)."""
+        if labuefi.boot_of(settings, self.name) == "bios":
+            return DISK_DEVICE, []
+        if self.converted():
+            if not os.path.exists(self.vars):
+                labuefi.new_variables(self.vars)
+            return DISK_DEVICE, labuefi.firmware_args(labuefi.firmware()[0], self.vars) + labuefi.esp_args(
+                self.esp, bootindex=0)
+        if not os.path.exists(self.esp):
+            labuefi.new_esp(self.esp)
+        return [DISK_DEVICE[0], DISK_DEVICE[1] + ",bootindex=0"], labuefi.esp_args(self.esp)
+
+    def saved_extras(self):
+        """The files a saved boot of this host keeps beside its overlay disk: {name in the saved boot: path}."""
+        return {"esp.qcow2": self.esp, "vars.fd": self.vars} if self.converted() else {}
+
+    def restore_extras(self, saved):
+        """A host restored from `saved`: its ESP disk on the saved one, its variables a copy of the saved ones."""
+        extras = saved.meta().get("extra_bytes") or {}
+        if "esp.qcow2" not in extras:
+            return
+        run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", os.path.join(saved.dir, "esp.qcow2"),
+             self.esp + ".tmp"], timeout=60)
+        os.replace(self.esp + ".tmp", self.esp)
+        shutil.copyfile(os.path.join(saved.dir, "vars.fd"), self.vars + ".tmp")
+        os.replace(self.vars + ".tmp", self.vars)
+        self.save_meta(firmware="uefi")
 
     def pristine_plan(self, manifest, accel, settings):
         """How this host starts when its overlay is still the pristine image's (a PristinePlan), or None: a cold
@@ -247,7 +291,9 @@ class Vm:
         if has_sriov and hotplug is None:
             return None
         iommu = settings.get("gpulab_iommu", True) is not False
-        shape = qemu_base_cmd("gpulab", accel, iommu=iommu) + DISK_DEVICE + NIC_DEVICE + stand_in_devices(
+        # A gpulab_boot: uefi host is saved once converted (lab/labuefi.py): its shape has the firmware and ESP.
+        boot = labuefi.shape_args() if labuefi.boot_of(settings, self.name) == "uefi" else []
+        shape = qemu_base_cmd("gpulab", accel, iommu=iommu) + boot + DISK_DEVICE + NIC_DEVICE + stand_in_devices(
             "gpulab-shape", layout, self.name, hold_sriov=True)
         saved = labstate.SavedBoot(labstate.shape_key(manifest["id"], accel, shape))
         return PristinePlan("restore" if saved.ready() else "save", saved, hotplug)
@@ -260,6 +306,10 @@ class Vm:
         finish_pristine carries out once the guest runs."""
         self.ensure_overlay(manifest)
         settings = lab_host_settings(self.name)
+        if (not rebooting and labuefi.boot_of(settings, self.name) == "uefi" and not self.converted()
+                and not self.meta().get("pristine")):
+            log("%s: its conversion to UEFI did not finish; starting from a fresh copy of the image" % self.name)
+            self.new_overlay(manifest)
         plan = None if rebooting else self.pristine_plan(manifest, accel, settings)
         if plan is not None and plan.mode == "restore":
             try:
@@ -277,7 +327,12 @@ class Vm:
         incoming = []
         if plan is not None and plan.mode == "restore":
             self.new_overlay(manifest, backing=plan.saved.disk)
+            self.restore_extras(plan.saved)
             incoming = ["-incoming", "exec:cat %s" % labstate.quoted(plan.saved.state)]
+        if not rebooting:
+            # A gpulab_boot: uefi host that is not converted boots the base image to be converted (gpulab.py).
+            self.converting = (labuefi.boot_of(lab_host_settings(self.name), self.name) == "uefi"
+                               and not self.converted())
         for attempt in range(1 if rebooting else 3):
             port = self.meta().get("ssh_port")
             if port and not attempt and not rebooting and not port_free(port):
@@ -298,9 +353,10 @@ class Vm:
             # (QEMU adds a user-network NIC of its own to a machine given none: -nic none.)
             nic = ["-nic", "none"] if settings.get("gpulab_network", True) is False else [
                 "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port] + NIC_DEVICE
-            cmd = qemu_base_cmd(self.name, accel, iommu=iommu) + [
+            disk_device, boot = self.boot_args(settings)
+            cmd = qemu_base_cmd(self.name, accel, iommu=iommu) + boot + [
                 "-drive", "file=%s,if=none,id=disk0,format=qcow2" % self.disk,
-            ] + DISK_DEVICE + nic + incoming + [
+            ] + disk_device + nic + incoming + [
                 "-fw_cfg", "name=opt/gpuops/authorized_keys,file=%s" % pubkey_file,
                 "-chardev", "file,id=console,path=%s,append=on" % self.serial, "-serial", "chardev:console",
                 # The rescue port (ttyS1): the guest's report when SSH does not answer (rescue_report).

@@ -86,11 +86,14 @@ class SavedBoot:
         return read_json(self.meta_path)
 
     def ready(self):
-        """True when both files are there, whole (the sizes recorded when they were written)."""
+        """True when its files are there, whole (the sizes recorded when they were written): the state, the disk and
+        the files a host keeps beside its disk (a UEFI host's ESP disk and firmware variables, lab/labuefi.py)."""
         meta = self.meta()
         try:
             return (meta.get("key") == self.key and os.path.getsize(self.state) == meta.get("state_bytes")
-                    and os.path.getsize(self.disk) == meta.get("disk_bytes"))
+                    and os.path.getsize(self.disk) == meta.get("disk_bytes")
+                    and all(os.path.getsize(os.path.join(self.dir, name)) == size
+                            for name, size in (meta.get("extra_bytes") or {}).items()))
         except OSError:
             return False
 
@@ -116,6 +119,7 @@ class SavedBoot:
         Returns the seconds it took; raises SavedBootError (the guest running again) when QEMU refused."""
         started = time.monotonic()
         tmp_state, tmp_disk = self.state + ".tmp", self.disk + ".tmp"
+        extras = {os.path.join(self.dir, name) + ".tmp": path for name, path in vm.saved_extras().items()}
         os.makedirs(self.dir, exist_ok=True)
         try:
             vm.qmp("stop")
@@ -132,15 +136,20 @@ class SavedBoot:
                 time.sleep(0.5)
             # The guest is paused and QEMU has flushed its disk: the overlay is the disk of that instant.
             shutil.copyfile(vm.disk, tmp_disk)
+            for tmp, path in extras.items():
+                shutil.copyfile(path, tmp)
         except (OSError, SavedBootError) as exc:
-            for path in (tmp_state, tmp_disk):
+            for path in [tmp_state, tmp_disk] + list(extras):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             raise SavedBootError(str(exc)) from exc
         finally:
             vm.qmp("cont")
         meta = {"key": self.key, "image_id": image_id, "saved_from": vm.name, "saved_at": time.time(),
-                "state_bytes": os.path.getsize(tmp_state), "disk_bytes": os.path.getsize(tmp_disk)}
+                "state_bytes": os.path.getsize(tmp_state), "disk_bytes": os.path.getsize(tmp_disk),
+                "extra_bytes": {os.path.basename(tmp)[:-4]: os.path.getsize(tmp) for tmp in extras}}
+        for tmp in extras:
+            os.replace(tmp, tmp[:-4])
         os.replace(tmp_disk, self.disk)
         os.replace(tmp_state, self.state)
         with open(self.meta_path + ".tmp", "w") as handle:

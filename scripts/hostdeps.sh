@@ -20,6 +20,10 @@ declare -A pkg_for=(
   [openssl]=openssl
   [etcd]=etcd-server
 )
+# Files of packages that install no command: the UEFI firmware a lab host with gpulab_boot: uefi boots.
+declare -A pkg_for_file=(
+  [/usr/share/OVMF/OVMF_CODE_4M.fd]=ovmf
+)
 # Packages whose version must be at least this (major.minor), and the Debian suite that has one.
 declare -A min_version=([etcd-server]=3.5)
 declare -A newer_suite=([etcd-server]=trixie)
@@ -68,6 +72,9 @@ add_suite() {
 missing=()
 for cmd in "${!pkg_for[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg_for[$cmd]}")
+done
+for file in "${!pkg_for_file[@]}"; do
+  [ -e "$file" ] || missing+=("${pkg_for_file[$file]}")
 done
 too_old=()
 for pkg in "${!min_version[@]}"; do

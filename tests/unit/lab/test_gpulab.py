@@ -11,7 +11,7 @@ import pytest
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # The modules of lab/gpulab.py besides the script itself.
-GPULAB_MODULES = ("labconfig", "labhost", "labimage", "labnet", "labreboot", "labstate")
+GPULAB_MODULES = ("labconfig", "labhost", "labimage", "labnet", "labreboot", "labstate", "labuefi")
 
 
 @pytest.fixture
