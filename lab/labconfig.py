@@ -53,7 +53,7 @@ PACKAGES = [
 # lab on a reboot beside four other emulated hosts. mitigations=off: the guest is a throwaway on loopback, and
 # under emulation the kernel's retpolines and return-buffer filling cost it CPU on every call and context switch
 # (update-initramfs in the guest 81 s with them, 70-76 s without, measured 2026-11-27). intel_iommu=off stays last
-# (molecule's distro_grub.yml).
+# (molecule's distro_boot.yml).
 IMAGE_CMDLINE = "console=ttyS0,115200 no_timer_check mitigations=off intel_iommu=off"
 SSH_USER = "root"
 MEMORY_MB = int(os.environ.get("GPUOPS_LAB_MEMORY", "1536"))

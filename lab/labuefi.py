@@ -94,9 +94,12 @@ def esp_args(path, bootindex=None):
 
 
 def shape_args():
-    """The arguments a converted host adds to its machine, as its saved boot's key sees them (no host's paths)."""
+    """The arguments a converted host adds to its machine, as its saved boot's key sees them (no host's paths), and
+    what the conversion did (a changed script or package set makes another saved boot)."""
     code, _template = firmware()
-    return firmware_args(firmware_digest(code), "vars") + esp_args("esp", bootindex=0)
+    conversion = hashlib.sha256(conversion_script(["%s_.deb" % name for name in GUEST_PACKAGES]).encode())
+    return (firmware_args(firmware_digest(code), "vars") + esp_args("esp", bootindex=0)
+            + ["conversion@" + conversion.hexdigest()[:16]])
 
 
 def new_esp(path):

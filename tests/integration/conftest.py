@@ -384,7 +384,8 @@ REBOOT_TASKS = """    - name: Read the running command line and the IOMMU groups
 # running command line, every function's driver and driver_override.
 BOOT_STATE = (
     "set -e; sha256sum /etc/modprobe.d/* /etc/modules-load.d/* /etc/udev/rules.d/* /etc/default/grub "
-    "/etc/default/grub.d/* /boot/grub/grub.cfg /boot/initrd.img-* $(find /var/lib/gpuops /etc/gpuops -type f "
+    "/etc/default/grub.d/* /boot/grub/grub.cfg /boot/initrd.img-* /etc/kernel/cmdline /boot/efi/loader/entries/* "
+    "/boot/efi/*/*/initrd* $(find /var/lib/gpuops /etc/gpuops -type f "
     "! -name lock.json 2>/dev/null) 2>/dev/null | sort -k2; cat /proc/cmdline; "
     "for f in /sys/bus/pci/devices/*; do echo \"$f $(readlink $f/driver || true) $(cat $f/driver_override)\"; done")
 
@@ -752,9 +753,71 @@ def drift(host):
     return seen
 
 
+# A systemd-boot host (lab-passthrough boots the RHEL family's way, lab/labuefi.py): the boot id, the running
+# kernel, each entry ("entry <version> <options>") and each initramfs image of /boot and of the ESP ("image <path>
+# <mtime> <what it carries of the collection and vfio-pci.ko>"), one line each.
+ENTRIES_STATE = (
+    "echo boot $(cat /proc/sys/kernel/random/boot_id); echo running $(uname -r); "
+    "for e in /boot/efi/loader/entries/*.conf; do echo entry $(sed -n 's/^version[[:space:]]*//p' $e) "
+    "$(sed -n 's/^options[[:space:]]*//p' $e); done; "
+    "for i in /boot/initrd.img-* $(sed -n 's|^initrd[[:space:]]*|/boot/efi|p' /boot/efi/loader/entries/*.conf); do "
+    "echo image $i $(stat -c %Y $i) $(lsinitrd $i | grep -oE '[^ ]*(gpuops-[a-z]*[.]conf|vfio-pci[.]ko[.a-z]*)$' "
+    "| sort | tr '\\n' ' '); done")
+
+
+def entries_state(host):
+    seen = {"entries": {}, "images": {}}
+    for line in lab("ssh", host, "--", ENTRIES_STATE, check=True).stdout.splitlines():
+        key, _sep, rest = line.partition(" ")
+        if key == "entry":
+            version, _sep, options = rest.partition(" ")
+            seen["entries"][version] = options.split()
+        elif key == "image":
+            path, mtime, *carried = rest.split()
+            seen["images"][path] = {"mtime": int(mtime), "carries": carried}
+        elif key in ("boot", "running"):
+            seen[key] = rest.strip()
+    return seen
+
+
+def kernel_entry(host):
+    """The RHEL family's kernel update on the systemd-boot host, after the drift repair: the distribution installs
+    another kernel with dpkg, whose hooks build its dracut image and write its entry with kernel-install (from
+    /etc/kernel/cmdline, which has the collection's arguments). Then that entry loses them, as an entry written
+    before the preparation or copied from another by a tool has them not: verify_hosts.yml fails naming it, and
+    prepare_hosts.yml writes it again without a reboot (the running kernel's entry is right)."""
+    package = json.loads(lab("kernel-package", check=True).stdout)
+    seen = {"package": package, "before": entries_state(host)}
+    copy = run(["ansible", host, "-i", "inventories/lab/", "-m", "ansible.builtin.copy", "-a",
+                "src=%s dest=/var/tmp/gpuops-lab-kernel.deb mode=0644" % package["deb"]], timeout=900)
+    seen.update(copy_rc=copy.returncode, copy_out=copy.stdout[-2000:])
+    started = time.monotonic()
+    install = lab("ssh", host, "--", "DEBIAN_FRONTEND=noninteractive dpkg --force-unsafe-io -i "
+                  "/var/tmp/gpuops-lab-kernel.deb > /var/tmp/gpuops-lab-kernel.log 2>&1; rc=$?; "
+                  "rm -f /var/tmp/gpuops-lab-kernel.deb; tail -n 15 /var/tmp/gpuops-lab-kernel.log; exit $rc",
+                  timeout=1800)
+    seen.update(install_rc=install.returncode, install_out=install.stdout, install_seconds=time.monotonic() - started,
+                installed=entries_state(host))
+    new = package["kernel"]
+    pristine = " ".join(a for a in lab("ssh", host, "--", "cat /var/tmp/gpuops-pristine-cmdline", check=True)
+                        .stdout.split() if not a.startswith(("BOOT_IMAGE=", "initrd=")))
+    lab("ssh", host, "--", "sed -i 's|^options.*|options %s|' /boot/efi/loader/entries/debian-%s.conf"
+        % (pristine, new), check=True)
+    seen["stripped"] = entries_state(host)
+    verify = run(["ansible-playbook", "playbooks/verify_hosts.yml", "-i", "inventories/lab/", "--limit", host],
+                 timeout=1800)
+    seen.update(verify_rc=verify.returncode, verify_out=verify.stdout)
+    repair = prepare_hosts(host, timeout=2400)
+    seen.update(repair_rc=repair.returncode, repair_out=repair.stdout, after=entries_state(host))
+    facts = run(["ansible", host, "-i", "inventories/lab/", "-m", "gpuops.sandbox.gpu_facts", "-o"], timeout=600)
+    seen.update(facts_rc=facts.returncode, facts_out=facts.stdout)
+    return seen
+
+
 def passthrough_host_steps(host="lab-passthrough"):
     return HostSteps([("refused switch", functools.partial(refused_switch, host)),
-                      ("drift", functools.partial(drift, host))])
+                      ("drift", functools.partial(drift, host)),
+                      ("kernel entry", functools.partial(kernel_entry, host))])
 
 
 # The kernel update on lab-dra (the dra_switch scenario installs it and boots it): what each kernel's initramfs and

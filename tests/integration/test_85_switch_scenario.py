@@ -92,3 +92,45 @@ def test_a_stale_kernel_image_is_named_and_rebuilt_alone_then_its_removal_is_no_
     line = next(l for l in seen["facts_out"].splitlines() if " | SUCCESS => " in l)
     facts = json.loads(line.split(" => ", 1)[1])["ansible_facts"]["gpu_facts_host"]
     assert [(k["version"], k["running"], k["problems"]) for k in facts["kernels"]] == [(running, True, [])], facts
+
+
+def test_a_new_kernels_entry_gets_the_arguments_and_one_that_lacks_them_is_named_and_written_again(lab_work):
+    """On lab-passthrough, which boots the RHEL family's way (systemd-boot entries written by kernel-install, dracut),
+    after the drift repair: the distribution installs another kernel. Its entry has the collection's arguments
+    (kernel-install took them from /etc/kernel/cmdline) and both its images (/boot's and the ESP's copy) carry the
+    collection's files and vfio-pci.ko. Then the entry loses the arguments, as one written before the preparation
+    has them not (each entry carries its own): verify_hosts.yml fails naming that kernel, and prepare_hosts.yml
+    writes the entry again with them, with no reboot (the running kernel's entry was right)."""
+    steps = lab_work.passthrough_checks.get()
+    assert steps is not None, "the kernel update on lab-passthrough follows the switch scenario, which failed"
+    seen = steps.results()["kernel entry"]
+    assert "error" not in seen, seen["error"]
+    new, running = seen["package"]["kernel"], seen["before"]["running"]
+    assert new != running and new not in seen["before"]["entries"], seen["before"]
+    assert seen["copy_rc"] == 0, seen["copy_out"]
+    assert seen["install_rc"] == 0, seen["install_out"]
+    print("kernel %s installed with dpkg in %.0fs" % (new, seen["install_seconds"]))
+    installed = seen["installed"]
+    args = installed["entries"][new]
+    assert "intel_iommu=on" in args and "iommu=pt" in args and "intel_iommu=off" not in args, args
+    images = sorted(path for path in installed["images"] if new in path)
+    assert len(images) == 2 and images[0].startswith("/boot/efi/"), installed["images"]
+    for path in images:
+        carried = [item.rsplit("/", 1)[-1] for item in installed["images"][path]["carries"]]
+        assert "gpuops-vfio.conf" in carried and "gpuops-nouveau.conf" in carried, (path, carried)
+        assert [item for item in carried if item.startswith("vfio-pci.ko")], (path, carried)
+    stripped = seen["stripped"]["entries"][new]
+    assert "intel_iommu=on" not in stripped and "intel_iommu=off" in stripped, stripped
+    verify = " ".join(seen["verify_out"].split())
+    assert seen["verify_rc"] != 0, seen["verify_out"][-4000:]
+    assert "other installed kernels" in verify and new in verify, seen["verify_out"][-4000:]
+    assert "Traceback" not in seen["verify_out"]
+    assert seen["repair_rc"] == 0, seen["repair_out"][-6000:]
+    after = seen["after"]
+    assert after["boot"] == seen["before"]["boot"] and after["running"] == running, (seen["before"], after)
+    assert after["entries"][running] == seen["before"]["entries"][running]
+    assert after["entries"][new] == args, (args, after["entries"][new])
+    assert seen["facts_rc"] == 0, seen["facts_out"][-4000:]
+    line = next(l for l in seen["facts_out"].splitlines() if " | SUCCESS => " in l)
+    facts = json.loads(line.split(" => ", 1)[1])["ansible_facts"]["gpu_facts_host"]
+    assert sorted((k["version"], k["problems"]) for k in facts["kernels"]) == sorted([(running, []), (new, [])]), facts

@@ -53,3 +53,58 @@ def companions(found):
     groups = {found[a]["group"] for a in chosen} - {"-"}
     return sorted(a for a, f in found.items()
                   if f["group"] in groups and a not in chosen and not f["class"].startswith("0x0604"))
+
+
+# The boot path of a lab host (lab/labuefi.py): "systemd-boot" for a gpulab_boot: uefi host (OVMF, systemd-boot
+# entries written by kernel-install on the ESP, dracut), "grub" otherwise (grub and initramfs-tools).
+BOOT_PATH = ("if [ -d /boot/efi/loader/entries ] && ! command -v grub-mkconfig >/dev/null; then echo systemd-boot; "
+             "else echo grub; fi")
+# Each ESP entry, one line each: "<file> <options...>".
+ENTRIES = ("for e in /boot/efi/loader/entries/*.conf; do [ -e \"$e\" ] || continue; "
+           "echo \"$(basename \"$e\") $(sed -n 's/^options[[:space:]]*//p' \"$e\")\"; done")
+
+
+def boot_path(host):
+    return host.check_output(BOOT_PATH).strip()
+
+
+def booted_images(host, kernel):
+    """The initramfs images of `kernel` that a boot of it loads or is copied from: /boot's (both paths) and, on
+    systemd-boot, the copy kernel-install put beside its entry on the ESP, the one the boot loader loads."""
+    images = ["/boot/initrd.img-%s" % kernel]
+    if boot_path(host) == "systemd-boot":
+        images += ["/boot/efi" + path for path in host.check_output(
+            "sed -n 's/^initrd[[:space:]]*//p' /boot/efi/loader/entries/*-%s.conf" % kernel).split()]
+    return images
+
+
+def initramfs_files(host, image):
+    """The paths in an initramfs image, as lsinitramfs (initramfs-tools) or lsinitrd (dracut) lists them, without
+    a leading ./ ."""
+    if host.run("command -v lsinitramfs").rc == 0:
+        out = host.check_output("lsinitramfs %s" % image)
+        return [line.strip().lstrip("./") for line in out.splitlines() if line.strip()]
+    # lsinitrd's listing has ls -l's columns; the path is the last (a link's as "path -> target").
+    out = host.check_output("lsinitrd %s" % image)
+    paths = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 9 and fields[0][:1] in "-dlcbps":
+            path = fields[8] if "->" in fields else fields[-1]
+            paths.append(path.lstrip("./"))
+    return paths
+
+
+def entries(host):
+    """{entry file: [options]} of every systemd-boot entry on the ESP (empty on a grub host)."""
+    found = {}
+    for line in host.check_output(ENTRIES).splitlines():
+        name, _sep, options = line.partition(" ")
+        found[name] = options.split()
+    return found
+
+
+def comparable(cmdline):
+    """A command line's arguments without those the boot loader adds on its own (grub's BOOT_IMAGE=, systemd-boot's
+    initrd=): what the host's configuration gave it."""
+    return [arg for arg in cmdline.split() if not arg.startswith(("BOOT_IMAGE=", "initrd="))]

@@ -85,6 +85,9 @@ def test_the_uefi_shape_follows_the_firmware_not_the_hosts_paths(gpulab, monkeyp
     assert not [arg for arg in shape if gpulab.STATE in arg or str(firmware) in arg]
     (firmware / "OVMF_CODE_4M.fd").write_bytes(b"code-2")
     assert labuefi.shape_args() != shape
+    shape = labuefi.shape_args()
+    monkeypatch.setattr(labuefi, "DRACUT_CONF", labuefi.DRACUT_CONF + 'omit_dracutmodules+=" i18n "\n')
+    assert labuefi.shape_args() != shape
 
 
 def test_a_saved_uefi_boot_keeps_the_esp_and_variables_and_a_restore_gets_them(

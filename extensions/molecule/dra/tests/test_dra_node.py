@@ -16,6 +16,16 @@ found, handed = _PASSTHROUGH.found, _PASSTHROUGH.handed
 test_running_cmdline = _PASSTHROUGH.test_running_cmdline
 
 
+def test_the_late_drop_in_wins_over_the_distributions(host):
+    """The scenario's prepare step moved the image's intel_iommu=off into a grub.d drop-in of the distribution's: it
+    is still there, and the command line the host booted with after its preparation has intel_iommu=on (the
+    collection's drop-in sorts last)."""
+    dropin = host.file("/etc/default/grub.d/50-distro-iommu.cfg")
+    assert dropin.exists and "intel_iommu=off" in dropin.content_string
+    args = host.file("/proc/cmdline").content_string.split()
+    assert "intel_iommu=on" in args and "intel_iommu=off" not in args, args
+
+
 def test_no_vfio_pci_claims_on_the_command_line(host):
     assert not [a for a in host.file("/proc/cmdline").content_string.split() if a.startswith("vfio-pci.ids=")]
 

@@ -6,6 +6,12 @@ import os
 
 import pytest
 
+_FUNCTIONS = importlib.util.spec_from_file_location(
+    "lab_functions", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+                                  "lab_functions.py"))
+lab_functions = importlib.util.module_from_spec(_FUNCTIONS)
+_FUNCTIONS.loader.exec_module(lab_functions)
+
 # The vm_passthrough scenario's checks of a prepared node, run here as they are (pytest collects the test_
 # functions of this module's namespace) with the fixtures they use.
 _SPEC = importlib.util.spec_from_file_location(
@@ -58,8 +64,26 @@ def test_container_leg_initramfs_matches_the_host(host):
     _report, lines = container_leg(host)
     on_host = set(line for line in lines.get("file", []))
     assert not [f for f in on_host if "gpuops-vfio" in f]
+    # Every image of the running kernel was read: /boot's, and on systemd-boot the ESP's copy the boot loads.
+    assert len(lines.get("image", [])) == (2 if lab_functions.boot_path(host) == "systemd-boot" else 1), lines
     carried = lines.get("initramfs", [])
-    assert not [entry for entry in carried if "gpuops-vfio" in entry], carried
+    assert not [entry for entry in carried if "gpuops-vfio" in entry or "vfio-pci.ko" in entry], carried
+    # The blacklist of nouveau stays, in every image.
+    for image in lines["image"]:
+        assert [entry for entry in carried if entry.startswith(image + " ") and "gpuops-nouveau.conf" in entry], image
+
+
+def test_container_leg_entries_carry_nothing_of_the_collection(host):
+    """On systemd-boot every entry carries its own arguments: after the container leg each entry, and
+    /etc/kernel/cmdline, has the host's intel_iommu=off back and none of the VM node's arguments."""
+    if lab_functions.boot_path(host) != "systemd-boot":
+        pytest.skip("a grub host: one configuration for every entry (the command line checks)")
+    _report, lines = container_leg(host)
+    assert lines.get("entry"), lines
+    for options in lines["entry"] + lines["kernelcmdline"]:
+        args = options.split()
+        assert "intel_iommu=off" in args, options
+        assert not [a for a in args if a in ("intel_iommu=on", "iommu=pt") or a.startswith("vfio-pci.ids=")], options
 
 
 def test_container_leg_has_the_original_command_line(host):
@@ -67,11 +91,13 @@ def test_container_leg_has_the_original_command_line(host):
     one the host booted with before its first preparation (recorded by the scenario's prepare step)."""
     _report, lines = container_leg(host)
     pristine = host.file("/var/tmp/gpuops-pristine-cmdline").content_string.strip()
-    assert lines["cmdline"] == [pristine]
+    assert [lab_functions.comparable(line) for line in lines["cmdline"]] == [lab_functions.comparable(pristine)]
     assert "intel_iommu=off" in pristine.split()
 
 
 def test_distribution_drop_in_left_alone(host):
+    if lab_functions.boot_path(host) == "systemd-boot":
+        pytest.skip("a systemd-boot host: its intel_iommu=off is in /etc/kernel/cmdline (the entries' checks)")
     dropin = host.file("/etc/default/grub.d/50-distro-iommu.cfg")
     assert dropin.exists and "intel_iommu=off" in dropin.content_string
 
@@ -98,6 +124,11 @@ def test_the_hand_made_claim_came_off_in_the_container_legs_reboot(host):
     claim = marker.content_string.strip()
     _report, lines = container_leg(host)
     assert [arg for arg in lines["cmdline"][0].split() if arg.startswith("vfio-pci.ids=")] == []
+    if lab_functions.boot_path(host) == "systemd-boot":
+        # The claim was in /etc/kernel/cmdline and every entry: the leg took it off both (the entries' check above).
+        assert claim not in lines["kernelcmdline"][0].split()
+        assert claim not in host.file("/proc/cmdline").content_string.split()
+        return
     assert claim in host.file("/etc/default/grub").content_string
     assert claim not in host.file("/proc/cmdline").content_string.split()
     dropin = host.file("/etc/default/grub.d/99-gpuops-sandbox.cfg").content_string

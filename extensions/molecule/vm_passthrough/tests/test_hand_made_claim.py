@@ -1,11 +1,21 @@
-"""The GPU stand-ins were claimed for vfio-pci by hand before the preparation (vfio-pci.ids in /etc/default/grub,
-written by the scenario's prepare step): the preparation left that claim where it was written. Its drop-in adds
-the collection's arguments to /etc/default/grub's value instead of copying it, so the claim is in effect after the
-preparation's reboot and is still the host owner's to edit; the switch scenario takes it off."""
+"""The GPU stand-ins were claimed for vfio-pci by hand before the preparation (written by the scenario's prepare
+step: vfio-pci.ids in /etc/default/grub on a grub host, in /etc/kernel/cmdline and every entry on a systemd-boot
+host): the preparation left that claim where it was written. On grub its drop-in adds the collection's arguments
+to /etc/default/grub's value instead of copying it; on systemd-boot it edits /etc/kernel/cmdline and writes the
+entries again from it. Either way the claim is in effect after the preparation's reboot and is still the host
+owner's to edit; the switch scenario takes it off."""
 
+import importlib.util
 import json
+import os
 
 import pytest
+
+_SPEC = importlib.util.spec_from_file_location(
+    "lab_functions", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+                                  "lab_functions.py"))
+lab_functions = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(lab_functions)
 
 DROPIN = "/etc/default/grub.d/99-gpuops-sandbox.cfg"
 
@@ -23,6 +33,11 @@ def test_the_claim_is_in_effect(host, claim):
 
 
 def test_the_claim_stays_where_it_was_written(host, claim):
+    if lab_functions.boot_path(host) == "systemd-boot":
+        assert claim in host.file("/etc/kernel/cmdline").content_string.split()
+        for name, options in lab_functions.entries(host).items():
+            assert claim in options, (name, options)
+        return
     assert claim in host.file("/etc/default/grub").content_string
     dropin = host.file(DROPIN).content_string
     assert "vfio-pci.ids" not in dropin, dropin

@@ -1,4 +1,5 @@
-"""A prepared vm-passthrough node: IOMMU on through grub, vfio early, GPUs and their group on vfio-pci.
+"""A prepared vm-passthrough node: IOMMU on through the host's boot loader (grub, or each systemd-boot entry on a
+gpulab_boot: uefi host), vfio early in every image a boot loads, GPUs and their group on vfio-pci.
 
 The GPUs are what the lab inventory's selectors pick on the host, and their companions the other endpoints of
 their IOMMU groups (shared/lab_functions.py), so the checks hold on a host of any layout."""
@@ -63,8 +64,37 @@ def test_vfio_modules_early_and_softdeps(host):
     assert "softdep nvidia pre: vfio-pci" in softdeps
     assert "softdep nouveau pre: vfio-pci" in softdeps
     kernel = host.check_output("uname -r")
-    listing = host.check_output("lsinitramfs /boot/initrd.img-%s" % kernel)
-    assert "vfio-pci.ko" in listing and "etc/modprobe.d/gpuops-vfio.conf" in listing
+    images = lab_functions.booted_images(host, kernel)
+    assert len(images) == (2 if lab_functions.boot_path(host) == "systemd-boot" else 1), images
+    for image in images:
+        listing = lab_functions.initramfs_files(host, image)
+        assert [p for p in listing if p.endswith("/vfio-pci.ko")], image
+        assert "etc/modprobe.d/gpuops-vfio.conf" in listing, image
+
+
+def test_every_boot_entry_has_the_arguments(host):
+    """On systemd-boot each entry carries its own arguments: every entry on the ESP, and /etc/kernel/cmdline that
+    kernel-install writes the entries of kernels installed later from, turn the IOMMU on. (On grub one
+    configuration serves every entry: the running command line above.)"""
+    if lab_functions.boot_path(host) != "systemd-boot":
+        pytest.skip("a grub host")
+    found = lab_functions.entries(host)
+    assert found
+    for name, options in list(found.items()) + [("/etc/kernel/cmdline",
+                                                  host.file("/etc/kernel/cmdline").content_string.split())]:
+        assert "intel_iommu=on" in options and "iommu=pt" in options, (name, options)
+        assert "intel_iommu=off" not in options, (name, options)
+
+
+def test_the_boot_entry_that_booted_is_the_running_kernels(host):
+    """systemd-boot booted the running kernel's entry, with that entry's arguments (systemd-boot adds initrd=)."""
+    if lab_functions.boot_path(host) != "systemd-boot":
+        pytest.skip("a grub host")
+    kernel = host.check_output("uname -r")
+    mine = [options for name, options in lab_functions.entries(host).items() if kernel in name]
+    assert len(mine) == 1, lab_functions.entries(host)
+    assert lab_functions.comparable(host.file("/proc/cmdline").content_string) == lab_functions.comparable(
+        " ".join(mine[0]))
 
 
 def test_boot_vga_left_alone(found):
@@ -74,3 +104,12 @@ def test_boot_vga_left_alone(found):
 def test_no_vgpu_leftovers(host):
     assert not host.file("/etc/gpuops/mdev-devices.conf").exists
     assert host.check_output("ls /sys/bus/mdev/devices 2>/dev/null || true") == ""
+
+
+def test_the_boot_loader_backend_is_chosen_without_being_told(host):
+    """kernel_cmdline's backend: auto picks kernel_cmdline_file on the systemd-boot host (kernel-install, no
+    grub-mkconfig) and grub on the others; asked again for what the preparation set, it changes nothing (check mode)."""
+    result = host.ansible("gpuops.sandbox.kernel_cmdline", "arguments=intel_iommu=on,iommu=pt", check=True)
+    expected = "kernel_cmdline_file" if lab_functions.boot_path(host) == "systemd-boot" else "grub"
+    assert result.get("backend") == expected, result
+    assert result.get("changed") is False, result
