@@ -80,8 +80,8 @@ def test_every_boot_entry_has_the_arguments(host):
         pytest.skip("a grub host")
     found = lab_functions.entries(host)
     assert found
-    for name, options in list(found.items()) + [("/etc/kernel/cmdline",
-                                                  host.file("/etc/kernel/cmdline").content_string.split())]:
+    found["/etc/kernel/cmdline"] = host.file("/etc/kernel/cmdline").content_string.split()
+    for name, options in found.items():
         assert "intel_iommu=on" in options and "iommu=pt" in options, (name, options)
         assert "intel_iommu=off" not in options, (name, options)
 
