@@ -874,8 +874,9 @@ class LabWork:
     (the image, API server, chart, operator and docs tests): the module targets on lab-modules (the longest
     chain), the four workload-type scenarios on the GPU hosts, then on lab-passthrough the switch scenario, on
     lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their scenario passed; the
-    preflight failures and a held host on lab-container after its scenario, the refused switch and the drift repair
-    on lab-passthrough after the switch scenario, the stale kernel's repair on lab-dra after the dra_switch
+    preflight failures and a held host on lab-container after its scenario, the refused switch, the drift repair and
+    a kernel update (lab-passthrough boots through systemd-boot) on lab-passthrough after the switch scenario, the
+    stale kernel's repair on lab-dra after the dra_switch
     scenario; a network-less host in a lab of its own once the boot has ended.
     The tests from test_81 on check what each left: the controller's own tests (test_50 to test_80) run first, from
     the session's start, and nothing lab-bound runs in the tests themselves but site.yml at the end (test_95).

@@ -67,7 +67,7 @@ def test_docs_site_builds_and_lint_collection_docs_passes():
             assert "%s_role.html" % role in pages
     assert {"troubleshooting.html", "changelog.html", "index.html"} <= pages
     guides = os.listdir(os.path.join(html, "docsite"))
-    assert {"guide_getting_started.html", "guide_lab.html", "guide_awx.html",
+    assert {"guide_getting_started.html", "guide_host_preparation.html", "guide_lab.html", "guide_awx.html",
             "guide_measurements.html"} <= set(guides)
     troubleshooting = open(os.path.join(html, "troubleshooting.html"), encoding="utf-8").read()
     assert "gpuops.sandbox.vfio_bind" in troubleshooting
