@@ -306,9 +306,13 @@ class Vm:
         finish_pristine carries out once the guest runs."""
         self.ensure_overlay(manifest)
         settings = lab_host_settings(self.name)
-        if (not rebooting and labuefi.boot_of(settings, self.name) == "uefi" and not self.converted()
-                and not self.meta().get("pristine")):
+        uefi = labuefi.boot_of(settings, self.name) == "uefi"
+        if not rebooting and uefi and not self.converted() and not self.meta().get("pristine"):
             log("%s: its conversion to UEFI did not finish; starting from a fresh copy of the image" % self.name)
+            self.new_overlay(manifest)
+        elif not rebooting and not uefi and self.converted():
+            log("%s: boots through the BIOS now (gpulab_boot), its disk is a UEFI host's; starting from a fresh copy "
+                "of the image" % self.name)
             self.new_overlay(manifest)
         plan = None if rebooting else self.pristine_plan(manifest, accel, settings)
         if plan is not None and plan.mode == "restore":

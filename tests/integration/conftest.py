@@ -816,10 +816,24 @@ def kernel_entry(host):
     return seen
 
 
+def lab_settings(host):
+    """A lab host's variables in the tracked lab inventory (inventories/lab/hosts.yml)."""
+    sys.path.insert(0, os.path.join(TOP, "lab"))
+    try:
+        import labcommon  # pylint: disable=import-outside-toplevel
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(TOP, "inventories", "lab", "hosts.yml"), encoding="utf-8") as handle:
+        return labcommon.inventory_host_vars(yaml.safe_load(handle), host)
+
+
 def passthrough_host_steps(host="lab-passthrough"):
-    return HostSteps([("refused switch", functools.partial(refused_switch, host)),
-                      ("drift", functools.partial(drift, host)),
-                      ("kernel entry", functools.partial(kernel_entry, host))])
+    steps = [("refused switch", functools.partial(refused_switch, host)), ("drift", functools.partial(drift, host))]
+    # The kernel update whose entry lost its arguments needs per-entry arguments: a host that boots through
+    # systemd-boot (gpulab_boot: uefi in inventories/lab/hosts.yml).
+    if lab_settings(host).get("gpulab_boot") == "uefi":
+        steps.append(("kernel entry", functools.partial(kernel_entry, host)))
+    return HostSteps(steps)
 
 
 # The kernel update on lab-dra (the dra_switch scenario installs it and boots it): what each kernel's initramfs and

@@ -166,3 +166,15 @@ def test_guest_packages_cached_are_used_as_they_are(gpulab, monkeypatch):  # noq
         open(os.path.join(labuefi.GUEST_DEBS, "%s_1_amd64.deb" % name), "w").close()
     monkeypatch.setattr(labuefi.subprocess, "run", lambda *a, **k: pytest.fail("nothing is downloaded"))
     assert [os.path.basename(p).split("_")[0] for p in labuefi.guest_debs()] == list(labuefi.GUEST_PACKAGES)
+
+
+def test_a_host_set_back_to_bios_starts_from_a_fresh_copy_of_the_image(gpulab, monkeypatch, firmware):  # noqa: F811
+    vm = uefi_vm(gpulab, monkeypatch, converted=True)
+    hosts(gpulab, "        lab-u: {}\n")
+    fresh = []
+    monkeypatch.setattr(vm, "new_overlay", lambda manifest, backing=None: fresh.append(manifest) or vm.save_meta(
+        firmware=None, pristine=True))
+    monkeypatch.setattr(vm, "ensure_overlay", lambda manifest: None)
+    monkeypatch.setattr(vm, "_launch", lambda *args: 2222)
+    assert vm.launch({"id": "abc"}, "tcg", "key.pub") == 2222
+    assert fresh == [{"id": "abc"}] and not vm.converted()
