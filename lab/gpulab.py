@@ -255,7 +255,7 @@ def cmd_reset(args):
             if vm.state() != "stopped":
                 running.append(name)
             vm.kill()
-            for path in (vm.disk, vm.meta_path, vm.esp, vm.vars):
+            for path in (vm.disk, vm.meta_path) + vm.boot_files:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             log("%s: back to the pristine image" % name)

@@ -54,6 +54,12 @@ def stand_in_devices(nvme_serial, layout=None, host="lab host", hold_sriov=False
         raise LabError("%s (inventory %s)" % (exc, INVENTORY_HOSTS))
 
 
+def qcow2_overlay(path, backing, backing_format):
+    """A new qcow2 overlay at `path` on `backing` (written beside it, then moved into place)."""
+    run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", backing_format, "-b", backing, path + ".tmp"], timeout=60)
+    os.replace(path + ".tmp", path)
+
+
 class PristinePlan:
     """How a host starts from the pristine image: "restore" (from its shape's saved boot) or "save" (a cold boot,
     saved once it answers); `hotplug` is (device_add argument, guest address) of the SR-IOV controller to add
@@ -139,6 +145,7 @@ class Vm:
         # A gpulab_boot: uefi host's ESP disk and firmware variables (lab/labuefi.py).
         self.esp = os.path.join(self.dir, "esp.qcow2")
         self.vars = os.path.join(self.dir, "vars.fd")
+        self.boot_files = (self.esp, self.vars)
         self.converting = False
 
     # -- recorded state -----------------------------------------------------------------------
@@ -232,11 +239,8 @@ class Vm:
     def new_overlay(self, manifest, backing=None):
         """A new overlay disk on the pristine image, or on `backing` (a saved boot's disk, itself on the image)."""
         os.makedirs(self.dir, exist_ok=True)
-        tmp = self.disk + ".tmp"
-        run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2" if backing else "raw", "-b",
-             backing or image_path(), tmp], timeout=60)
-        os.replace(tmp, self.disk)
-        for path in (self.esp, self.vars):
+        qcow2_overlay(self.disk, backing or image_path(), "qcow2" if backing else "raw")
+        for path in self.boot_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self.save_meta(image_id=manifest["id"], created=time.time(), pristine=backing is None, firmware=None)
@@ -269,9 +273,7 @@ class Vm:
         extras = saved.meta().get("extra_bytes") or {}
         if "esp.qcow2" not in extras:
             return
-        run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", os.path.join(saved.dir, "esp.qcow2"),
-             self.esp + ".tmp"], timeout=60)
-        os.replace(self.esp + ".tmp", self.esp)
+        qcow2_overlay(self.esp, os.path.join(saved.dir, "esp.qcow2"), "qcow2")
         shutil.copyfile(os.path.join(saved.dir, "vars.fd"), self.vars + ".tmp")
         os.replace(self.vars + ".tmp", self.vars)
         self.save_meta(firmware="uefi")
