@@ -92,6 +92,26 @@ def cmd_image(args):
     log("image %s (kernel %s) ready in %.1fs" % (manifest["id"], manifest["kernel"], time.time() - started))
 
 
+# A boot that came up short: the root file system left read-only or a file system of /etc/fstab not mounted (what a
+# boot whose generators systemd killed at their 90-s limit looks like, lab/labimage.py). One line each.
+BOOT_CHECK = ("findmnt -n -o OPTIONS / | grep -q '^ro' && echo 'the root file system is read-only'; "
+              "for t in $(findmnt --fstab -n -o TARGET); do [ \"$t\" = / ] || mountpoint -q \"$t\" || "
+              "echo \"$t of /etc/fstab is not mounted\"; done; true")
+
+
+def boot_problem(port):
+    """What is wrong with the boot answering on `port`, or None: a boot saved as its shape's boot is what every later
+    pristine start of that shape is, so a boot that came up short is not saved."""
+    try:
+        proc = labconfig.run(ssh_cmd(port, BOOT_CHECK), timeout=300, check=False)
+    except LabError as exc:
+        return "its boot could not be checked: %s" % exc
+    if proc.returncode != 0:
+        return "its boot could not be checked (rc=%d): %s" % (proc.returncode, (proc.stderr or "").strip()[-200:])
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    return ", ".join(lines) + " (systemd's generators ran past their limit?)" if lines else None
+
+
 def cmd_start(args):
     need_tools("qemu-system-x86_64", "qemu-img", "ssh", "ssh-keygen")
     hosts = select_hosts(args.hosts, starting=True)
@@ -167,7 +187,12 @@ def cmd_start(args):
         if plan is None:
             return
         if plan.mode == "save":
-            vm.save_boot(plan, manifest, port, close_master)
+            problem = boot_problem(port)
+            if problem:
+                log("%s: not saved as the boot of its shape: %s; the next pristine start boots cold again"
+                    % (vm.name, problem))
+            else:
+                vm.save_boot(plan, manifest, port, close_master)
         if plan.hotplug:
             started = time.time()
             address = vm.hotplug_sriov(plan)

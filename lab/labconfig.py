@@ -34,7 +34,7 @@ INVENTORY_CONNECTION = os.path.join(INVENTORY_DIR, "zz-lab-connection.yml")
 IMAGE_FILES = os.path.join(TOP, "lab", "image")
 
 # Bump when the image recipe changes: a cached image built by an older recipe is rebuilt.
-RECIPE_VERSION = "15"
+RECIPE_VERSION = "16"
 SUITE = "bookworm"
 IMAGE_NAME = "debian12-gpulab"
 DISK_SIZE = 4 * 1024 ** 3

@@ -125,6 +125,14 @@ DISK_DEVICE = ["-device", "virtio-blk-pci,drive=disk0,addr=06.0"]
 NIC_DEVICE = ["-device", "virtio-net-pci,netdev=net0,addr=07.0"]
 
 
+def nic_device(settings, host):
+    """The NIC's device arguments: a gpulab_boot: uefi host's has no option ROM, so OVMF does not load iPXE's network
+    boot driver at each boot (the host boots from its ESP; lab/labuefi.py)."""
+    if labuefi.boot_of(settings, host) == "uefi":
+        return [NIC_DEVICE[0], NIC_DEVICE[1] + ",romfile="]
+    return NIC_DEVICE
+
+
 class Vm:
     """One lab host: its overlay disk, QEMU process, SSH port and console log under .lab/<name>."""
 
@@ -295,8 +303,8 @@ class Vm:
         iommu = settings.get("gpulab_iommu", True) is not False
         # A gpulab_boot: uefi host is saved once converted (lab/labuefi.py): its shape has the firmware and ESP.
         boot = labuefi.shape_args() if labuefi.boot_of(settings, self.name) == "uefi" else []
-        shape = qemu_base_cmd("gpulab", accel, iommu=iommu) + boot + DISK_DEVICE + NIC_DEVICE + stand_in_devices(
-            "gpulab-shape", layout, self.name, hold_sriov=True)
+        shape = qemu_base_cmd("gpulab", accel, iommu=iommu) + boot + DISK_DEVICE + nic_device(
+            settings, self.name) + stand_in_devices("gpulab-shape", layout, self.name, hold_sriov=True)
         saved = labstate.SavedBoot(labstate.shape_key(manifest["id"], accel, shape))
         return PristinePlan("restore" if saved.ready() else "save", saved, hotplug)
 
@@ -358,7 +366,7 @@ class Vm:
             # its own recovery).
             # (QEMU adds a user-network NIC of its own to a machine given none: -nic none.)
             nic = ["-nic", "none"] if settings.get("gpulab_network", True) is False else [
-                "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port] + NIC_DEVICE
+                "-netdev", "user,id=net0,hostfwd=tcp:127.0.0.1:%d-:22" % port] + nic_device(settings, self.name)
             disk_device, boot = self.boot_args(settings)
             cmd = qemu_base_cmd(self.name, accel, iommu=iommu) + boot + [
                 "-drive", "file=%s,if=none,id=disk0,format=qcow2" % self.disk,

@@ -575,3 +575,31 @@ def test_a_cached_kernel_package_is_used_without_the_mirror(gpulab, monkeypatch)
     found = gpulab.labimage.kernel_package("6.1.0-50-amd64")
     assert found == {"package": "linux-image-6.1.0-53-amd64", "kernel": "6.1.0-53-amd64",
                      "deb": os.path.join(kernels, "linux-image-6.1.0-53-amd64_6.1.180-1_amd64.deb")}
+
+
+@pytest.mark.parametrize("root, mounted, expected", [
+    ("rw,relatime", "yes", None),
+    ("ro,relatime", "yes", "the root file system is read-only"),
+    ("rw,relatime", "no", "/boot/efi of /etc/fstab is not mounted"),
+])
+def test_a_boot_that_came_up_short_is_named_and_not_saved(gpulab, tmp_path, monkeypatch, root, mounted, expected):
+    """The lab's boot check (gpulab.BOOT_CHECK) run by a real shell against findmnt and mountpoint stand-ins."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "findmnt").write_text('#!/bin/sh\ncase "$*" in *--fstab*) printf "/\\n/boot/efi\\n";; '
+                                     '*) echo %s;; esac\n' % root)
+    (bin_dir / "mountpoint").write_text("#!/bin/sh\n[ %s = yes ]\n" % mounted)
+    for name in ("findmnt", "mountpoint"):
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    monkeypatch.setattr(gpulab, "ssh_cmd", lambda port, command: ["sh", "-c", command])
+    problem = gpulab.boot_problem(2222)
+    if expected is None:
+        assert problem is None
+    else:
+        assert expected in problem and "generators" in problem
+
+
+def test_a_boot_check_that_cannot_run_is_a_problem_not_a_crash(gpulab, monkeypatch):
+    monkeypatch.setattr(gpulab, "ssh_cmd", lambda port, command: ["sh", "-c", "echo refused >&2; exit 255"])
+    assert gpulab.boot_problem(2222) == "its boot could not be checked (rc=255): refused"

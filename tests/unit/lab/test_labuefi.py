@@ -178,3 +178,19 @@ def test_a_host_set_back_to_bios_starts_from_a_fresh_copy_of_the_image(gpulab, m
     monkeypatch.setattr(vm, "_launch", lambda *args: 2222)
     assert vm.launch({"id": "abc"}, "tcg", "key.pub") == 2222
     assert fresh == [{"id": "abc"}] and not vm.converted()
+
+
+def test_the_uefi_host_nic_has_no_option_rom_and_its_shape_says_so(gpulab, monkeypatch, firmware):  # noqa: F811
+    hosts(gpulab, "        lab-u: {gpulab_boot: uefi}\n        lab-b: {}\n")
+    labhost = gpulab.labhost
+    assert labhost.nic_device(gpulab.lab_host_settings("lab-b"), "lab-b") == labhost.NIC_DEVICE
+    uefi_nic = labhost.nic_device(gpulab.lab_host_settings("lab-u"), "lab-u")
+    assert uefi_nic[1].endswith(",romfile=") and uefi_nic[1].startswith(labhost.NIC_DEVICE[1])
+    with pytest.raises(gpulab.LabError, match="gpulab_boot 'efi'.*bios, uefi"):
+        labhost.nic_device({"gpulab_boot": "efi"}, "lab-x")
+
+
+def test_the_conversion_masks_kernel_installs_depmod_before_systemd_boot_writes_entries(gpulab):  # noqa: F811
+    script = gpulab.labhost.labuefi.conversion_script(["/c/systemd-boot_1.deb", "/c/dracut_1.deb"])
+    mask = script.index("ln -sf /dev/null /etc/kernel/install.d/50-depmod.install")
+    assert mask < script.index("apt_install ./systemd-boot_1.deb")
