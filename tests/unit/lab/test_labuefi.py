@@ -194,3 +194,9 @@ def test_the_conversion_masks_kernel_installs_depmod_before_systemd_boot_writes_
     script = gpulab.labhost.labuefi.conversion_script(["/c/systemd-boot_1.deb", "/c/dracut_1.deb"])
     mask = script.index("ln -sf /dev/null /etc/kernel/install.d/50-depmod.install")
     assert mask < script.index("apt_install ./systemd-boot_1.deb")
+
+
+def test_the_esp_is_mounted_at_boot_without_a_check(gpulab):  # noqa: F811
+    script = gpulab.labhost.labuefi.conversion_script(["/c/systemd-boot_1.deb", "/c/dracut_1.deb"])
+    fstab = [line for line in script.splitlines() if "/boot/efi vfat" in line]
+    assert len(fstab) == 1 and fstab[0].rstrip().endswith('0 0" >> /etc/fstab')
