@@ -337,6 +337,9 @@ def cmd_kernel_package(_args):
         manifest = {}
     if not manifest.get("kernel"):
         raise LabError("no lab image is built yet (its manifest names its kernel): run `gpulab image` first")
+    # Its output is JSON that playbooks and tests parse: the log of a first call's download goes to stderr (on a fresh
+    # machine "gpulab: downloading ..." on stdout failed the dra_switch scenario, 2026-11-29).
+    labconfig.LAB.log_to = "stderr"
     print(json.dumps(kernel_package(manifest["kernel"])))
 
 

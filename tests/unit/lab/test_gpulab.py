@@ -603,3 +603,17 @@ def test_a_boot_that_came_up_short_is_named_and_not_saved(gpulab, tmp_path, monk
 def test_a_boot_check_that_cannot_run_is_a_problem_not_a_crash(gpulab, monkeypatch):
     monkeypatch.setattr(gpulab, "ssh_cmd", lambda port, command: ["sh", "-c", "echo refused >&2; exit 255"])
     assert gpulab.boot_problem(2222) == "its boot could not be checked (rc=255): refused"
+
+
+def test_kernel_package_prints_only_json_on_stdout_even_when_it_downloads(gpulab, monkeypatch, capsys):
+    monkeypatch.setattr(gpulab, "image_manifest", lambda: {"kernel": "6.1.0-50-amd64"})
+
+    def downloading(image_kernel):
+        gpulab.log("downloading linux-image-6.1.0-56-amd64 (a kernel update)")
+        return {"package": "linux-image-6.1.0-56-amd64", "kernel": "6.1.0-56-amd64", "deb": "/c/k.deb"}
+
+    monkeypatch.setattr(gpulab, "kernel_package", downloading)
+    gpulab.cmd_kernel_package(None)
+    out, err = capsys.readouterr()
+    assert json.loads(out)["kernel"] == "6.1.0-56-amd64"
+    assert "downloading" in err
