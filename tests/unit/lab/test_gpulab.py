@@ -608,7 +608,7 @@ def test_a_boot_check_that_cannot_run_is_a_problem_not_a_crash(gpulab, monkeypat
 def test_kernel_package_prints_only_json_on_stdout_even_when_it_downloads(gpulab, monkeypatch, capsys):
     monkeypatch.setattr(gpulab, "image_manifest", lambda: {"kernel": "6.1.0-50-amd64"})
 
-    def downloading(image_kernel):
+    def downloading(_image_kernel):
         gpulab.log("downloading linux-image-6.1.0-56-amd64 (a kernel update)")
         return {"package": "linux-image-6.1.0-56-amd64", "kernel": "6.1.0-56-amd64", "deb": "/c/k.deb"}
 
