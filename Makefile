@@ -3,7 +3,8 @@
 #   make test    every test tier (lint, sanity, unit, integration); .ci/run calls this
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
-PY ?= python3
+# The interpreter the environment is built from (scripts/venv-python.sh says which and why); `make PY=...` overrides.
+PY ?= $(shell scripts/venv-python.sh)
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 COLL_LINK := .build/collections/ansible_collections/gpuops/sandbox
