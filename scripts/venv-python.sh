@@ -12,14 +12,9 @@
 # On the same 2-core machine (2026-11-29): unit tests that run playbooks took 24-25.5 CPU-seconds from Debian's
 # 3.11.2 against 29-30 from pyenv's 3.11.7, a pure-Python loop 3.7 s against 4.5 s. Ansible on the controller is
 # about 40 % of the integration tier's CPU, so the interpreter is a large part of the test command's time.
-# GPUOPS_PYTHON (or `make PY=...`) names another interpreter; nothing is checked then. GPUOPS_PYTHON_CANDIDATES
-# replaces the list of distribution interpreters tried (the unit tests give it stand-ins).
+# `make PY=...` (or PY in the environment) names another interpreter; this script is not run then.
+# GPUOPS_PYTHON_CANDIDATES replaces the list of distribution interpreters tried (the unit tests give it stand-ins).
 set -euo pipefail
-
-if [ -n "${GPUOPS_PYTHON:-}" ]; then
-    echo "$GPUOPS_PYTHON"
-    exit 0
-fi
 
 usable() {  # usable PYTHON: 3.11 or newer, with venv and ensurepip
     "$1" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
