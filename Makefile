@@ -1,6 +1,7 @@
 # gpuops.sandbox: one entry point for the environment, the lab, the main job and every test.
 #   make site    the main job: environment, lab, playbooks/site.yml on inventories/lab/
-#   make test    every test tier (lint, sanity, unit, integration); .ci/run calls this
+#   make test    the landing tier (lint, sanity, unit, the integration tier's landing part); .ci/run calls this
+#   make test-full  every test: the landing tier and every deep slice (tests/integration/tiers.py)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 # The interpreter the environment is built from (scripts/venv-python.sh says which and why); `make PY=...` overrides.
@@ -22,6 +23,7 @@ KUBE_TEST_STATE := $(or $(GPUOPS_KUBE_TEST_STATE),$(CURDIR)/.lab/kube-tests)
 KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 
 .PHONY: venv hostdeps lab lab-image lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator operator-build test \
+	test-full \
 	checks checks-beside lint sanity unit integration \
 	molecule bench bench-modules bench-hosts bench-cluster bench-guest validate build docs galaxy-import clean
 
@@ -107,8 +109,17 @@ operator: venv
 # image and then the integration tier, at nice 10 (below the tests' own Ansible; each lab host's QEMU runs in a
 # session of its own and shares the CPU with them as a whole). Their output goes to .build/checks.log and is
 # printed in one piece when they end; a failing tier fails the command once the others have ended.
+# The integration tier runs its landing part and the deep slices SLICES names (comma-separated, `all` for every one;
+# tests/integration/tiers.py says what each proves and costs): `make test SLICES=kernels`. .ci/run picks them
+# (scripts/ci_slices.py).
+ifndef SLICES
+SLICES := $(GPUOPS_SLICES)
+endif
+export GPUOPS_SLICES := $(SLICES)
 test: venv hostdeps
 	$(MAKE) -j3 checks-beside integration
+test-full:
+	$(MAKE) test SLICES=all
 checks-beside:
 	@mkdir -p .build; rc=0; nice -n 10 $(MAKE) --no-print-directory checks >.build/checks.log 2>&1 || rc=$$?; \
 		cat .build/checks.log; echo "checks: exit status $$rc"; exit $$rc

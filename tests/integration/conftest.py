@@ -17,6 +17,8 @@ import time
 import pytest
 import yaml
 
+import tiers
+
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = [sys.executable, os.path.join(TOP, "lab", "gpulab.py")]
 # A lab host starved by the four others and the controller's tests is slow, not broken: on 2026-11-27 the four
@@ -38,10 +40,9 @@ MITOGEN_ENV = "GPUOPS_TEST_MITOGEN"
 MITOGEN_MODES = ("0", "1")
 MITOGEN_PARTS = ("targets", "scenario")
 PLAIN_SSH_SCENARIOS = ("container",)
-# Module targets that run on plain SSH: host_lock's race starts two async jobs of one loop at once, and under
-# mitogen 0.3.54 both forked jobs waited on a futex for good (seen on lab-modules, 2026-11-27; the targets with
-# one async job at a time pass on mitogen).
-PLAIN_SSH_TARGETS = ("host_lock",)
+# Module targets that run on plain SSH (PLAIN_SSH_TARGETS, from their aliases, below): host_lock's race starts two
+# async jobs of one loop at once, and under mitogen 0.3.54 both forked jobs waited on a futex for good (seen on
+# lab-modules, 2026-11-27; the targets with one async job at a time pass on mitogen).
 
 
 def mitogen_env(part="lab"):
@@ -90,8 +91,45 @@ def at_lab_priority(cmd):
     return list(cmd)
 
 
-def pytest_configure(config):  # pylint: disable=unused-argument
+# The deep slices this session runs beside the landing tier (tests/integration/tiers.py: GPUOPS_SLICES).
+SELECTED = {"slices": []}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slice(name): the test belongs to the deep slice `name` "
+                                       "(tests/integration/tiers.py), run when GPUOPS_SLICES names it")
+    try:
+        SELECTED["slices"] = tiers.selected_slices()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     BOOSTED["on"] = os.environ.get("GPUOPS_TEST_BOOST", "1") != "0" and boost_priority()
+
+
+def slice_of(item):
+    """The deep slice a test belongs to (its slice marker), or tiers.LANDING."""
+    marker = item.get_closest_marker("slice")
+    if marker is None:
+        return tiers.LANDING
+    if len(marker.args) != 1 or marker.args[0] not in tiers.SLICES:
+        raise pytest.UsageError("%s: slice(%s) names no slice of tests/integration/tiers.py (%s)"
+                                % (item.nodeid, ", ".join(map(repr, marker.args)), ", ".join(tiers.SLICES)))
+    return marker.args[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of the deep slices this session does not run are deselected (and their lab work never starts)."""
+    keep, dropped = [], []
+    for item in items:
+        (keep if tiers.runs(slice_of(item), SELECTED["slices"]) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def pytest_report_header(config):  # pylint: disable=unused-argument
+    slices = SELECTED["slices"]
+    return "tier: landing%s (deep slices: %s)" % (
+        " + " + ", ".join(slices) if slices else " only", ", ".join(tiers.SLICES))
 
 
 def run(cmd, timeout=1800, env=None, check=False, part="lab"):
@@ -359,10 +397,12 @@ def run_power_loss(seen, directory, host=POWER_LOSS_HOST):
 
 MODULES_HOST = "lab-modules"
 TARGETS_DIR = os.path.join(TOP, "tests", "integration", "targets")
+# Each directory of TARGETS_DIR is a module target, found there (tiers.module_targets_found: its aliases say when
+# it runs on lab-modules and whether its play stays on plain SSH).
+_FOUND, PLAIN_SSH_TARGETS = tiers.module_targets_found(TARGETS_DIR)
 # kernel_cmdline first (it needs the pristine command line); the rest after the restart into the new one.
-BEFORE_REBOOT = ["kernel_cmdline"]
-AFTER_REBOOT = ["iommu_check", "gpu_facts", "sriov_vfs", "mdev_create", "vfio_bind", "vfio_probe", "guest_attach_probe",
-                "dra_blockers", "host_lock"]
+BEFORE_REBOOT = _FOUND["before_reboot"]
+AFTER_REBOOT = _FOUND["after_reboot"]
 # Between the two: the host's QEMU is killed (a power loss) and the lab starts it again (the lab CLI's crash
 # recovery, test_88), and it boots the command line kernel_cmdline wrote. Host preparation's graceful reboot is
 # the scenarios' (host_reboot): every one of them reboots its host once.
@@ -501,10 +541,7 @@ class ModuleTargetsRun:
             return
         self._step(REBOOT_STEP, REBOOT_TASKS)
         for name in AFTER_REBOOT:
-            if os.path.isfile(os.path.join(TARGETS_DIR, name, "tasks", "main.yml")):
-                self._step(name, target_tasks(name))
-            else:
-                self._results[name] = (None, "integration target %s is missing" % name, 0.0)
+            self._step(name, target_tasks(name))
         lab("reset", "--no-start", self.host)
 
     def results(self, timeout=5400):
@@ -710,9 +747,11 @@ def held_host(host):
     return seen
 
 
-def container_host_steps(host="lab-container"):
+def container_host_steps(host="lab-container", held=True):
+    """The preflight failures on lab-container, then (in the repairs slice) a host held by another run."""
     return HostSteps([("preflight " + name, functools.partial(preflight_failure, host, extra))
-                      for name, extra, _expected in PREFLIGHT_FAILURES] + [("held", functools.partial(held_host, host))])
+                      for name, extra, _expected in PREFLIGHT_FAILURES]
+                     + ([("held", functools.partial(held_host, host))] if held else []))
 
 
 VFIO_HOLDER = "sleep 1800"
@@ -827,11 +866,14 @@ def lab_settings(host):
         return labcommon.inventory_host_vars(yaml.safe_load(handle), host)
 
 
-def passthrough_host_steps(host="lab-passthrough"):
-    steps = [("refused switch", functools.partial(refused_switch, host)), ("drift", functools.partial(drift, host))]
+def passthrough_host_steps(host="lab-passthrough", drift_too=True, entry_too=True):
+    """The refused switch on lab-passthrough, then (in the repairs slice) the drift repair and the kernel entry."""
+    steps = [("refused switch", functools.partial(refused_switch, host))]
+    if drift_too:
+        steps.append(("drift", functools.partial(drift, host)))
     # The kernel update whose entry lost its arguments needs per-entry arguments: a host that boots through
     # systemd-boot (gpulab_boot: uefi in inventories/lab/hosts.yml).
-    if lab_settings(host).get("gpulab_boot") == "uefi":
+    if entry_too and lab_settings(host).get("gpulab_boot") == "uefi":
         steps.append(("kernel entry", functools.partial(kernel_entry, host)))
     return HostSteps(steps)
 
@@ -883,6 +925,25 @@ def dra_host_steps(host="lab-dra"):
     return HostSteps([("kernel repair", functools.partial(kernel_repair, host))])
 
 
+class NotRun:
+    """A part of the lab's work that this session does not run (its slice is not selected): it has no run and no
+    results, as an After whose scenario failed, and its tests are deselected."""
+
+    @staticmethod
+    def get(timeout=None):  # pylint: disable=unused-argument
+        return None
+
+    @staticmethod
+    def results(timeout=None):  # pylint: disable=unused-argument
+        return None
+
+    def kill(self):
+        """Nothing runs."""
+
+
+NOT_RUN = NotRun()
+
+
 class LabWork:
     """Everything the lab hosts do for the session, started at once and run beside the controller's tests
     (the image, API server, chart, operator and docs tests): the module targets on lab-modules (the longest
@@ -901,7 +962,10 @@ class LabWork:
     timed out and its root file system read-only. An emulated host needs its fair share of the CPU to boot at
     all, and the tier is bound by its total CPU time: an order of priority only moves work around."""
 
-    def __init__(self):
+    def __init__(self, slices=None):
+        # The deep slices whose lab work runs (tests/integration/tiers.py); the landing tier's always does.
+        self.slices = SELECTED["slices"] if slices is None else slices
+        on = functools.partial(tiers.part_runs, slices=self.slices)
         # How much each host's reboot follower had written before: what this session's reboots add follows.
         self.follower_logs = {host: len(lab_file(host, "reboots.log")) for host in SCENARIOS.values()}
         self.boot = LabBoot([MODULES_HOST] + list(SCENARIOS.values()))
@@ -909,13 +973,17 @@ class LabWork:
         self.scenarios = BackgroundRuns({name: {"GPUOPS_MOLECULE_KEEP": "1"} for name in SCENARIOS}, boot=self.boot)
         self.switch = After(self.scenarios, "vm_passthrough", lambda: BackgroundRuns(
             {"switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
-        self.dra_switch = After(self.scenarios, "dra", lambda: BackgroundRuns(
-            {"dra_switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
-        self.power_loss = After(self.scenarios, "vm_vgpu", PowerLossRun)
-        self.nonet = NoNetworkRun(boot=self.boot)
-        self.container_checks = After(self.scenarios, "container", container_host_steps)
-        self.passthrough_checks = After(self.switch.get, "switch", passthrough_host_steps)
-        self.dra_checks = After(self.dra_switch.get, "dra_switch", dra_host_steps)
+        self.dra_switch = NOT_RUN
+        if on("dra_switch"):
+            self.dra_switch = After(self.scenarios, "dra", lambda: BackgroundRuns(
+                {"dra_switch": {"GPUOPS_MOLECULE_REUSE": "1", "GPUOPS_MOLECULE_KEEP": "1"}}))
+        self.power_loss = After(self.scenarios, "vm_vgpu", PowerLossRun) if on("power loss") else NOT_RUN
+        self.nonet = NoNetworkRun(boot=self.boot) if on("no network") else NOT_RUN
+        self.container_checks = After(self.scenarios, "container", functools.partial(
+            container_host_steps, held=on("held host")))
+        self.passthrough_checks = After(self.switch.get, "switch", functools.partial(
+            passthrough_host_steps, drift_too=on("drift"), entry_too=on("kernel entry")))
+        self.dra_checks = After(self.dra_switch.get, "dra_switch", dra_host_steps) if on("kernel repair") else NOT_RUN
 
     @property
     def parts(self):
@@ -1429,6 +1497,12 @@ def pytest_terminal_summary(terminalreporter):
         write("the lab work in the background: seconds of each part (and when it ended, s into the tier)")
         for part in parts:
             write("  %8s %8s  %s" % (part["seconds"], part.get("ended", ""), part["part"]))
+    if TIMES["lab_work"] is not None:
+        write("the lab work as declared (tests/integration/tiers.py): tier or slice, host, part, and whether it ran")
+        for part in tiers.LAB_WORK:
+            write("  %-9s %-16s %-24s %s" % (part.tier, part.host, part.name,
+                                             "ran" if tiers.part_runs(part.name, SELECTED["slices"])
+                                             else "not run: slice %s not selected" % part.tier))
     try:
         os.makedirs(os.path.dirname(TIMES_JSON), exist_ok=True)
         with open(TIMES_JSON, "w", encoding="utf-8") as handle:

@@ -20,6 +20,9 @@ import pytest
 
 from conftest import TOP, gone, kubelab, kubelab_status, run
 
+# The deep slice that proves this module's claims (tests/integration/tiers.py).
+pytestmark = pytest.mark.slice("cluster")
+
 
 NESTED = "GPUOPS_TEST_NESTED_SESSION"
 WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"

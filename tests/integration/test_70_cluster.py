@@ -145,6 +145,7 @@ def assert_nothing_leaked(kube_api, output):
 # Tests, in order: the first one leaves the cluster configured; the bad-input ones start from it.
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slice("cluster")
 def test_cluster_half_labels_installs_and_permits(kube_api, helm_repo, tmp_path):
     # A user's own entry, to be kept; no gates yet (the server may be a kept one from an earlier session).
     kubectl(kube_api, "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=merge", "-p", json.dumps(
@@ -219,6 +220,7 @@ def test_every_helm_value_the_collection_sets_exists_upstream(kube_api, helm_rep
 
 @pytest.mark.parametrize("case", ["workload_type", "vgpu_config", "no_vgpu_config", "os_tag", "no_kubevirt", "conflict",
                                   "unreachable", "unauthorised"])
+@pytest.mark.slice("cluster")
 def test_bad_input_fails_clearly_and_changes_nothing(kube_api, helm_repo, tmp_path, case):
     # Each bad run would also change something if it got that far: lab-vgpu's vGPU config (its node
     # label and the KubeVirt CR's mediated devices).
@@ -275,6 +277,7 @@ def test_bad_input_fails_clearly_and_changes_nothing(kube_api, helm_repo, tmp_pa
                 {"op": "remove", "path": "/spec/configuration/permittedHostDevices/pciHostDevices/2"}]))
 
 
+@pytest.mark.slice("cluster")
 def test_dra_host_gets_driver_claims_gate_and_no_device_plugin(kube_api, helm_repo, tmp_path):
     hosts = {"lab-container": {"gpuops_workload_type": "dra"}}
     proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, hosts=hosts,
@@ -327,6 +330,7 @@ def test_dra_host_gets_driver_claims_gate_and_no_device_plugin(kube_api, helm_re
     assert json.loads(node["metadata"]["annotations"]["gpuops.sandbox/labels"]) == {WL: "container"}
 
 
+@pytest.mark.slice("cluster")
 def test_validate_waits_for_labels_and_resources_then_tries_a_vm(kube_api, helm_repo, tmp_path):
     inv = inventory(tmp_path, kube_api, helm_repo, extra_all={"cluster_validate_retries": 1, "cluster_validate_delay": 1})
     # The operator has not labelled anything yet: validation fails naming what is missing.
@@ -369,6 +373,7 @@ def dra_slice(devices):
                          for name, kind in devices]}}
 
 
+@pytest.mark.slice("cluster")
 def test_validate_waits_for_the_dra_drivers_slices_then_tries_a_vm_with_a_claim(kube_api, helm_repo, tmp_path):
     hosts = {"lab-container": {"gpuops_workload_type": "dra"}}
     inv = inventory(tmp_path, kube_api, helm_repo, hosts=hosts, extra_all={
@@ -417,6 +422,7 @@ def test_validate_waits_for_the_dra_drivers_slices_then_tries_a_vm_with_a_claim(
                 check=False)
 
 
+@pytest.mark.slice("cluster")
 def test_rerun_keeps_the_operators_deploy_labels(kube_api, helm_repo, tmp_path):
     """The GPU Operator labels each node with its operands (deploy.<operand>=true) and does not put a label
     back once it is gone: a re-run of the cluster half must leave them all as they are."""
@@ -441,6 +447,7 @@ def test_rerun_keeps_the_operators_deploy_labels(kube_api, helm_repo, tmp_path):
             kubectl(kube_api, "label", "node", node, *["nvidia.com/gpu.deploy.%s-" % o for o in operands])
 
 
+@pytest.mark.slice("cluster")
 def test_entries_are_checked_against_what_the_nodes_advertise(kube_api, helm_repo, tmp_path):
     """Once the sandbox device plugin runs, a name no node advertises is reported, and replaced when asked."""
     later = "nvidia.com/GA102GL_A10_LATER"
@@ -478,6 +485,7 @@ def test_entries_are_checked_against_what_the_nodes_advertise(kube_api, helm_rep
     assert "nvidia.com/GA102GL_A10" in pci_entries() and later not in pci_entries()
 
 
+@pytest.mark.slice("cluster")
 def test_skipped_without_kubeconfig(kube_api, helm_repo, tmp_path):
     before = snapshot(kube_api)
     proc = playbook(helm_repo, inventory(tmp_path, kube_api, helm_repo, extra_all={"gpuops_kubeconfig": ""}))
@@ -486,6 +494,7 @@ def test_skipped_without_kubeconfig(kube_api, helm_repo, tmp_path):
     assert snapshot(kube_api) == before
 
 
+@pytest.mark.slice("cluster")
 def test_a_node_joins_with_limit_then_leaves_and_nothing_else_changes(kube_api, helm_repo, tmp_path):
     """A node joins (lab-h200, a vm-passthrough host with an L40S) and the cluster half runs for it alone
     (--limit lab-h200,localhost): it is labelled and its GPU permitted in the KubeVirt CR; no other node's labels,

@@ -27,6 +27,9 @@ import yaml
 
 from conftest import TOP, VENV_PYTHON, VGPU_CONFIG, at_lab_priority, gpu_host_vars, kget, kubectl, mitogen_env, write_inventory
 
+# The deep slice that proves this module's claims (tests/integration/tiers.py).
+pytestmark = pytest.mark.slice("cluster")
+
 NODES = {"lab-container": "container", "lab-passthrough": "vm-passthrough", "lab-vgpu": "vm-vgpu"}
 MIG, VGPU = "paused-for-mig-change", "paused-for-vgpu-change"
 DEPLOY = "nvidia.com/gpu.deploy."

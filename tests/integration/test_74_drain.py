@@ -14,6 +14,9 @@ import yaml
 
 from conftest import TOP, delete_crds, kubectl, run, wait_established
 
+# The deep slice that proves this module's claims (tests/integration/tiers.py).
+pytestmark = pytest.mark.slice("cluster")
+
 
 VMI_CRD = os.path.join(TOP, "tests", "fixtures", "kubevirt-vmi-crd.yaml")
 NODE = "lab-passthrough"

@@ -52,8 +52,10 @@ HOOK_OBJECTS = (("job", "gpu-operator-upgrade-crd", NAMESPACE), ("serviceaccount
                 ("clusterrolebinding", "gpu-operator-upgrade-crd-hook-binding", None))
 UPGRADE_POLICY = {"maxUnavailable": "50%", "drain": {"enable": True, "timeoutSeconds": 600}}
 
-pytestmark = pytest.mark.skipif(not (os.path.isdir(OLD_CHART) and os.path.isdir(NEW_CHART)),
-                                reason="the upstream GPU Operator charts are not beside this checkout (../shared/upstream)")
+# The deep slice that proves this module's claims (tests/integration/tiers.py), and what it needs.
+pytestmark = [pytest.mark.slice("cluster"),
+              pytest.mark.skipif(not (os.path.isdir(OLD_CHART) and os.path.isdir(NEW_CHART)),
+                                 reason="the upstream GPU Operator charts are not beside this checkout (../shared/upstream)")]
 
 
 def report(what, seconds):

@@ -9,7 +9,12 @@ import time
 
 import yaml
 
+import pytest
+
 from conftest import TOP, run
+
+# The deep slice that proves this module's claims (tests/integration/tiers.py).
+pytestmark = pytest.mark.slice("cluster")
 
 
 TIMINGS = {}

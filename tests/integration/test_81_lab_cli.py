@@ -8,6 +8,8 @@ import json
 import os
 import re
 
+import pytest
+
 from conftest import lab
 
 # The spare host: the module targets' chain (conftest.ModuleTargetsRun) boots it from a fresh overlay at the
@@ -28,6 +30,7 @@ def test_start_of_a_running_host_is_a_noop(lab_work):
     assert seen["after"]["autostart"] is False
 
 
+@pytest.mark.slice("repairs")
 def test_a_host_that_boots_and_never_answers_is_reported_and_restarted_once(lab_work):
     """A host without a NIC (gpulab_network: false) in a lab of its own, beside the real lab, which it must not
     touch (conftest.NoNetworkRun, in the background once the lab's boot has ended): it reaches its login prompt and

@@ -63,6 +63,7 @@ def test_preflight_failure_changes_nothing(lab_work, name, expected):
     assert seen["after"] == seen["before"]
 
 
+@pytest.mark.slice("repairs")
 def test_a_second_run_on_a_held_host_stops_naming_the_first(lab_work):
     """Another run holds lab-container (an AWX job, say): prepare_hosts.yml stops on it before any change,
     naming that run; once that run is gone (its lock broken on request), the play runs and frees the host."""

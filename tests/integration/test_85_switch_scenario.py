@@ -37,6 +37,7 @@ def test_switch_scenario(switch_run):
     assert switched(switch_run, "switch", "vm_passthrough", "lab-passthrough") >= 15
 
 
+@pytest.mark.slice("kernels")
 def test_dra_switch_scenario(dra_switch_run):
     """dra -> vm-passthrough -> dra on lab-dra, the host of another shape (a GPU slot with audio and USB
     functions, a GPU behind a PCIe switch): the dra node's checks and those of both legs (the passthrough leg's
@@ -67,6 +68,7 @@ def test_refused_switch_changes_nothing(lab_work):
     assert seen["after"] == seen["before"]
 
 
+@pytest.mark.slice("kernels")
 def test_a_stale_kernel_image_is_named_and_rebuilt_alone_then_its_removal_is_no_error(lab_work):
     """On lab-dra after the kernel update (the dra_switch scenario): the kernel it ran before has an image older
     than the collection's files. verify_hosts.yml fails naming that kernel; prepare_hosts.yml rebuilds that image
@@ -96,6 +98,7 @@ def test_a_stale_kernel_image_is_named_and_rebuilt_alone_then_its_removal_is_no_
     assert [(k["version"], k["running"], k["problems"]) for k in facts["kernels"]] == [(running, True, [])], facts
 
 
+@pytest.mark.slice("repairs")
 def test_a_new_kernels_entry_gets_the_arguments_and_one_that_lacks_them_is_named_and_written_again(lab_work):
     """On lab-passthrough, which boots the RHEL family's way (systemd-boot entries written by kernel-install, dracut),
     after the drift repair: the distribution installs another kernel. Its entry has the collection's arguments

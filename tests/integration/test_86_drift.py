@@ -8,7 +8,12 @@ itself (site.yml, no-op on the prepared hosts) runs once, through ansible-runner
 
 import re
 
+import pytest
+
 from conftest import AUDIO_RULE
+
+# The deep slice that proves this module's claims (tests/integration/tiers.py).
+pytestmark = pytest.mark.slice("repairs")
 
 FAST = "TASK [gpuops.sandbox.host_prepare : Keep the host as recorded"
 BIND = "TASK [gpuops.sandbox.host_prepare : Bind the GPUs"

@@ -8,7 +8,12 @@ once and end ready, with nothing pending. The run happens in the background (con
 with the switch scenario once the vm_vgpu scenario has left the host.
 """
 
+import pytest
+
 from conftest import PENDING_INITRAMFS, POWER_LOSS_HOST, reboots
+
+# The deep slice that proves this module's claims (tests/integration/tiers.py).
+pytestmark = pytest.mark.slice("repairs")
 
 
 def state(text):

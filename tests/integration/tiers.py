@@ -1,0 +1,210 @@
+"""The integration tier's shape, as data: the landing tier every landing runs, and the deep slices CI rotates through.
+
+Every piece of lab work (LAB_WORK) and every test belongs to the landing tier or to one deep slice (SLICES). A test
+of a deep slice carries ``@pytest.mark.slice("<name>")`` (or a module's ``pytestmark``); a piece of lab work names its
+slice here. A session runs the landing tier and the slices named in GPUOPS_SLICES (a comma-separated list, ``all``
+for every one, empty for none); the rest is deselected, and its lab work never starts.
+
+Each slice says which claims it proves, which paths of the checkout hold the code it proves (CI runs a slice
+whatever the rotation when one of them changed: scripts/ci_slices.py) and what it cost when last measured, in
+core-seconds of a whole tier on the machine named beside it (what CI compares with its time budget before it starts
+the slice). The landing tier and the quick tiers have a recorded cost too.
+
+Pure data and small functions only: scripts/ci_slices.py and the unit tests import this module without pytest.
+"""
+
+import fnmatch
+import os
+import re
+
+LANDING = "landing"
+SLICES_ENV = "GPUOPS_SLICES"
+
+# What each part of a run cost, in core-seconds of the 2-core machine CI runs on (busy CPU of the whole machine
+# while it ran, shares of the lab work beside it included). Measured figures name their run; the others are
+# estimates from the per-host QEMU and per-process CPU of the whole tier (ci3, 2026-11-30: 8964 core-seconds) and
+# are marked so. The measurements page keeps the history (docs/docsite/rst/guide_measurements.rst).
+COSTS = {
+    # lint, sanity, unit at nice 10 beside the integration tier; the Kubernetes binaries and the image are cached.
+    "checks": {"core_seconds": 1300, "source": "estimate: lint, sanity and ci3's unit tier (1521 s at nice 10)"},
+    LANDING: {"core_seconds": 3300,
+              "source": "estimate: ci3's 9195 busy core-seconds less the checks and the three deep slices' estimates"},
+}
+
+SLICES = {
+    "kernels": {
+        "claims": [
+            "a dra node switched to vm-passthrough and back after a kernel update, one reboot each way "
+            "(molecule dra_switch on lab-dra)",
+            "a stale initramfs of a kernel that is not running is named by verify_hosts.yml and rebuilt alone, without "
+            "a reboot; the removal of that kernel is no error for gpu_facts",
+        ],
+        "paths": ["plugins/module_utils/_kernels.py", "plugins/module_utils/_bootloader.py",
+                  "plugins/module_utils/_cmdline.py", "plugins/module_utils/_host.py",
+                  "plugins/modules/kernel_modules.py", "plugins/modules/kernel_cmdline.py",
+                  "plugins/modules/gpu_facts.py", "plugins/module_utils/_dra_blockers.py",
+                  "roles/host_prepare/*", "roles/host_verify/*", "roles/host_reboot/*", "roles/preflight/*",
+                  "playbooks/prepare_hosts.yml", "playbooks/verify_hosts.yml", "playbooks/switch*.yml",
+                  "extensions/molecule/dra_switch/*", "extensions/molecule/shared/*", "lab/*"],
+        "core_seconds": 1300,
+        "source": "estimate: ci3's lab-dra QEMU 1502 core-seconds, about 60 % of it after the dra scenario, and "
+                  "the controller's Ansible for the two plays",
+    },
+    "repairs": {
+        "claims": [
+            "a power loss during the initramfs generation of a first preparation is repaired by the next run "
+            "(lab-vgpu, from the pristine image)",
+            "a drifted host (a GPU off vfio-pci, a rule deleted) is repaired by every module, then skipped again",
+            "a second run on a host another run holds stops naming that run; with the lock broken on request it runs",
+            "a lab host that boots and never answers SSH is reported from its rescue report and started once more",
+        ],
+        "paths": ["plugins/module_utils/_lock.py", "plugins/module_utils/_persist.py", "plugins/modules/host_lock.py",
+                  "plugins/modules/vfio_bind.py", "plugins/module_utils/_vfio.py", "plugins/module_utils/_host.py",
+                  "plugins/modules/kernel_modules.py", "roles/host_prepare/*", "roles/preflight/*",
+                  "roles/host_reboot/*", "playbooks/prepare_hosts.yml", "lab/gpulab.py", "lab/labcommon.py", "lab/labstate.py",
+                  "lab/labreboot.py", "lab/labhost.py"],
+        "core_seconds": 1100,
+        "source": "estimate: about 40 % of ci3's lab-vgpu QEMU (988), the network-less host (157), the held host's "
+                  "and the drift's plays on two hosts, and their Ansible",
+    },
+    "cluster": {
+        "claims": [
+            "the cluster half on stand-in charts: labels, installs, KubeVirt entries checked against what the nodes "
+            "advertise, the DRA path, validate.yml, re-runs keep the operator's labels, nodes joining and leaving, "
+            "bad input failing clearly with nothing changed (test_70)",
+            "the API server of a test session is its own (test_61)",
+            "operator labels stuck by a paused node are named and repaired only with consent (test_73)",
+            "a node with GPU VMs is not drained (test_74)",
+            "chart upgrades: CRDs first, values kept, downgrades refused, a killed upgrade rolled back (test_76)",
+            "the execution environment's context, the docs site and galaxy-importer (test_80)",
+        ],
+        "paths": ["roles/gpu_operator/*", "roles/dra_driver/*", "roles/cluster_nodes/*", "roles/cluster_validate/*",
+                  "roles/kubevirt_devices/*", "roles/discover/*", "plugins/filter/*", "plugins/module_utils/_kube.py",
+                  "plugins/module_utils/_cluster.py", "plugins/module_utils/_chart_upgrade.py",
+                  "plugins/module_utils/_sharing.py", "plugins/modules/node_labels.py",
+                  "plugins/modules/kubevirt_host_devices.py", "plugins/modules/kube_access.py",
+                  "playbooks/cluster.yml", "playbooks/validate.yml", "playbooks/remove_nodes.yml",
+                  "lab/kubelab.py", "lab/kubebuild.py", "lab/kubecommon.py", "lab/kubeserver.py",
+                  "lab/kubefixtures.py", "tests/fixtures/*",
+                  "docs/*", "galaxy.yml", "meta/*", "execution-environment.yml", "scripts/build-docs.sh",
+                  "scripts/galaxy-import.sh"],
+        "core_seconds": 2200,
+        "source": "estimate: run 7's test_70, test_73, test_74, test_80 at ci3's price (1.7 times) and test_76",
+    },
+}
+
+
+class Part:
+    """A piece of the lab's work: what it is, on which host, the claim it stands for, its tier or slice, and the
+    part it waits for (None: it starts with the session, after the boot of every lab host where `after` says)."""
+
+    def __init__(self, name, host, claim, tier=LANDING, after=None):
+        self.name, self.host, self.claim, self.tier, self.after = name, host, claim, tier, after
+
+    def __repr__(self):
+        return "Part(%r, %s)" % (self.name, self.tier)
+
+
+LAB_WORK = [
+    Part("boot", "every lab host", "the hosts start from the pristine image, reset and booted together"),
+    Part("module targets", "lab-modules", "each module's target on the real kernel: kernel_cmdline, a power loss "
+         "and the lab CLI's crash recovery, then the other targets on the IOMMU-enabled kernel", after="boot"),
+    Part("scenario container", "lab-container", "first preparation of a container node from pristine, one reboot, "
+         "idempotence, testinfra verify", after="boot"),
+    Part("scenario vm_passthrough", "lab-passthrough", "check mode, first preparation of a vm-passthrough node "
+         "from pristine, one reboot, idempotence, testinfra verify with a nested guest", after="boot"),
+    Part("scenario vm_vgpu", "lab-vgpu", "check mode, first preparation of a vm-vgpu node from pristine, one reboot, "
+         "idempotence, testinfra verify", after="boot"),
+    Part("scenario dra", "lab-dra", "first preparation of a dra node from pristine, one reboot, idempotence, "
+         "testinfra verify", after="boot"),
+    Part("preflight failures", "lab-container", "four preflight refusals that change nothing",
+         after="scenario container"),
+    Part("held host", "lab-container", "a run stopped by another run's lock, then run with the lock broken",
+         tier="repairs", after="preflight failures"),
+    Part("switch", "lab-passthrough", "vm-passthrough to container and back, one reboot each way",
+         after="scenario vm_passthrough"),
+    Part("refused switch", "lab-passthrough", "a switch refused over a process holding the VFIO group, nothing "
+         "changed", after="switch"),
+    Part("drift", "lab-passthrough", "a drifted host repaired, then skipped again", tier="repairs",
+         after="refused switch"),
+    Part("kernel entry", "lab-passthrough", "on a systemd-boot host (gpulab_boot: uefi): a new kernel's entry gets "
+         "the arguments, one that lost them is named and written again", tier="repairs", after="drift"),
+    Part("dra_switch", "lab-dra", "dra to vm-passthrough and back after a kernel update", tier="kernels",
+         after="scenario dra"),
+    Part("kernel repair", "lab-dra", "a stale initramfs named and rebuilt alone; the old kernel's removal",
+         tier="kernels", after="dra_switch"),
+    Part("power loss", "lab-vgpu", "a power loss during the initramfs generation, repaired by the next run",
+         tier="repairs", after="scenario vm_vgpu"),
+    Part("no network", "lab-nonet", "a host that never answers SSH, reported from its rescue report",
+         tier="repairs", after="boot"),
+]
+PARTS = {part.name: part for part in LAB_WORK}
+
+
+def parse_slices(text):
+    """The slices a GPUOPS_SLICES value names: a comma-separated list, `all` for every one. Raises ValueError on a
+    name that is no slice."""
+    names = [name.strip() for name in (text or "").split(",") if name.strip()]
+    if names == ["all"]:
+        return list(SLICES)
+    unknown = [name for name in names if name not in SLICES]
+    if unknown:
+        raise ValueError("%s=%r: no slice named %s; the slices are: %s (or all)"
+                         % (SLICES_ENV, text, ", ".join(unknown), ", ".join(SLICES)))
+    return [name for name in SLICES if name in names]
+
+
+def selected_slices(environ=None):
+    return parse_slices((os.environ if environ is None else environ).get(SLICES_ENV, ""))
+
+
+def runs(tier, slices):
+    """Whether work of `tier` (LANDING or a slice's name) runs when `slices` are selected."""
+    return tier == LANDING or tier in slices
+
+
+def part_runs(name, slices):
+    """Whether the lab part `name` runs: its own tier is selected, and so is every part it waits for."""
+    part = PARTS[name]
+    return runs(part.tier, slices) and (part.after is None or part_runs(part.after, slices))
+
+
+def paths_match(patterns, paths):
+    """The paths (relative to the checkout) that one of `patterns` (fnmatch; `dir/*` takes everything below dir)
+    matches."""
+    return sorted(path for path in paths if any(fnmatch.fnmatch(path, pattern) for pattern in patterns))
+
+
+# Each directory of tests/integration/targets is a module target, found there: its aliases file says when it runs on lab-modules,
+# `gpulab/before_reboot/<order>` (on the pristine command line: kernel_cmdline) or `gpulab/after_reboot/<order>` (on
+# the kernel the restart boots), and `gpulab/plain_ssh` keeps its play off mitogen. A directory without tasks/main.yml
+# or without its place is an error of the session, not a target skipped.
+TARGET_ALIAS = re.compile(r"^gpulab/(before_reboot|after_reboot)/(\d+)$")
+
+
+def module_targets_found(directory):
+    """({"before_reboot": [names], "after_reboot": [names]}, [names on plain SSH]), each phase in its order."""
+    phases, plain = {"before_reboot": [], "after_reboot": []}, []
+    problems = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if not os.path.isdir(path):
+            continue
+        try:
+            with open(os.path.join(path, "aliases"), encoding="utf-8") as handle:
+                aliases = [line.strip() for line in handle if line.strip() and not line.startswith("#")]
+        except OSError:
+            aliases = []
+        places = [TARGET_ALIAS.match(alias) for alias in aliases if TARGET_ALIAS.match(alias)]
+        if not os.path.isfile(os.path.join(path, "tasks", "main.yml")):
+            problems.append("%s has no tasks/main.yml" % name)
+        if len(places) != 1:
+            problems.append("%s's aliases give it %d places on lab-modules (one gpulab/before_reboot/<order> or "
+                            "gpulab/after_reboot/<order> is needed)" % (name, len(places)))
+            continue
+        phases[places[0].group(1)].append((int(places[0].group(2)), name))
+        if "gpulab/plain_ssh" in aliases:
+            plain.append(name)
+    if problems:
+        raise ValueError("module targets under tests/integration/targets: " + "; ".join(problems))
+    return {phase: [name for _order, name in sorted(found)] for phase, found in phases.items()}, plain

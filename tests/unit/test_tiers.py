@@ -1,0 +1,196 @@
+# Copyright (c) gpuops.sandbox contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The integration tier's shape (tests/integration/tiers.py) and CI's pick of deep slices (scripts/ci_slices.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(TOP, "tests", "integration"))
+sys.path.insert(0, os.path.join(TOP, "scripts"))
+import ci_slices  # noqa: E402  pylint: disable=wrong-import-position
+import tiers  # noqa: E402  pylint: disable=wrong-import-position
+
+SCRIPT = os.path.join(TOP, "scripts", "ci_slices.py")
+
+
+def tracked():
+    return subprocess.run(["git", "ls-files"], cwd=TOP, check=True, text=True, stdout=subprocess.PIPE).stdout.split()
+
+
+# --- the declarations -------------------------------------------------------------------------
+
+def test_every_slice_says_what_it_proves_what_it_covers_and_costs():
+    files = tracked()
+    for name, spec in tiers.SLICES.items():
+        assert spec["claims"] and all(isinstance(claim, str) and claim for claim in spec["claims"]), name
+        assert spec["core_seconds"] > 0 and spec["source"], name
+        # A pattern that matches nothing (a file renamed away) would let a change slip past the forcing.
+        for pattern in spec["paths"]:
+            assert tiers.paths_match([pattern], files), "%s: %s matches no tracked file" % (name, pattern)
+
+
+def test_every_lab_part_waits_for_a_declared_part_of_its_own_tier_or_the_landing_tier():
+    for part in tiers.LAB_WORK:
+        assert part.tier == tiers.LANDING or part.tier in tiers.SLICES, part
+        if part.after is not None:
+            before = tiers.PARTS[part.after]
+            assert before.tier in (tiers.LANDING, part.tier), (part, before)
+    assert len(tiers.PARTS) == len(tiers.LAB_WORK)
+
+
+def test_every_molecule_scenario_is_declared_lab_work():
+    scenarios = {name for name in os.listdir(os.path.join(TOP, "extensions", "molecule"))
+                 if os.path.isfile(os.path.join(TOP, "extensions", "molecule", name, "molecule.yml"))}
+    declared = {name.replace("scenario ", "") for name in tiers.PARTS}
+    assert scenarios and scenarios <= declared, scenarios - declared
+
+
+def test_a_deep_part_runs_only_with_its_slice_and_a_landing_part_always():
+    assert tiers.part_runs("switch", [])
+    assert tiers.part_runs("refused switch", [])
+    assert not tiers.part_runs("drift", [])
+    assert tiers.part_runs("drift", ["repairs"])
+    assert not tiers.part_runs("kernel repair", ["repairs"])
+    assert tiers.part_runs("kernel repair", ["kernels"])
+    # kernel entry waits for drift: both in repairs.
+    assert tiers.part_runs("kernel entry", ["repairs"]) and not tiers.part_runs("kernel entry", ["kernels"])
+
+
+def test_slices_are_parsed_and_a_wrong_name_is_named():
+    assert tiers.parse_slices("") == [] and tiers.parse_slices(" , ") == []
+    assert tiers.parse_slices("all") == list(tiers.SLICES)
+    assert tiers.parse_slices("cluster,kernels") == ["kernels", "cluster"]
+    with pytest.raises(ValueError) as err:
+        tiers.parse_slices("kernels,kernel")
+    assert "no slice named kernel;" in str(err.value) and "kernels, repairs, cluster" in str(err.value)
+
+
+def test_the_module_targets_are_found_by_directory_in_their_order():
+    found, plain = tiers.module_targets_found(os.path.join(TOP, "tests", "integration", "targets"))
+    assert found["before_reboot"] == ["kernel_cmdline"]
+    assert found["after_reboot"][0] == "iommu_check" and found["after_reboot"][-1] == "host_lock"
+    assert sorted(found["before_reboot"] + found["after_reboot"]) == sorted(
+        os.listdir(os.path.join(TOP, "tests", "integration", "targets")))
+    assert plain == ["host_lock"]
+
+
+def target(root, name, aliases, tasks=True):
+    path = root / name
+    (path / "tasks").mkdir(parents=True)
+    if tasks:
+        (path / "tasks" / "main.yml").write_text("---\n- name: A task\n  ansible.builtin.ping:\n")
+    (path / "aliases").write_text(aliases)
+
+
+def test_a_new_target_directory_runs_in_its_place_and_a_broken_one_is_an_error(tmp_path):
+    target(tmp_path, "b_module", "needs/root\ngpulab/after_reboot/20\n")
+    target(tmp_path, "a_module", "# comment\ngpulab/after_reboot/30\ngpulab/plain_ssh\n")
+    target(tmp_path, "c_module", "gpulab/before_reboot/5\n")
+    found, plain = tiers.module_targets_found(str(tmp_path))
+    assert found == {"before_reboot": ["c_module"], "after_reboot": ["b_module", "a_module"]} and plain == ["a_module"]
+    target(tmp_path, "no_tasks", "gpulab/after_reboot/40\n", tasks=False)
+    target(tmp_path, "no_place", "needs/root\n")
+    with pytest.raises(ValueError) as err:
+        tiers.module_targets_found(str(tmp_path))
+    assert "no_tasks has no tasks/main.yml" in str(err.value)
+    assert "no_place's aliases give it 0 places on lab-modules" in str(err.value)
+
+
+# --- CI's pick ----------------------------------------------------------------------------------
+
+def passed(*slices, rc=0, seconds=None, predicted=None):
+    run = {"commit": "0" * 40, "slices": list(slices), "rc": rc}
+    if seconds:
+        run.update(seconds=seconds, predicted_seconds=predicted)
+    return run
+
+
+def test_the_rotation_goes_by_the_commit_count():
+    names = list(tiers.SLICES)
+    for count in range(6):
+        chosen, lines = ci_slices.pick(count, [], [], cores=2, budget_minutes=1000)
+        assert chosen == [names[count % len(names)]]
+        assert ("rotation: commit %d" % count) in dict((n, r) for n, _v, r in lines)[chosen[0]]
+    # The same commit and record give the same slices.
+    assert ci_slices.pick(7, ["lab/gpulab.py"], [], 2) == ci_slices.pick(7, ["lab/gpulab.py"], [], 2)
+
+
+def test_a_changed_path_forces_its_slice_in():
+    names = list(tiers.SLICES)
+    count = names.index("kernels")  # kernels' turn: the change must add cluster
+    chosen, lines = ci_slices.pick(count, ["roles/gpu_operator/tasks/main.yml"], [], cores=2, budget_minutes=1000)
+    assert chosen == ["kernels", "cluster"]
+    reasons = {name: reason for name, verdict, reason in lines if verdict == "runs"}
+    assert reasons["cluster"].startswith("changed: roles/gpu_operator/tasks/main.yml")
+
+
+def test_a_slice_left_out_of_two_passed_runs_is_overdue():
+    count = list(tiers.SLICES).index("kernels")
+    history = [passed("cluster"), passed("repairs"), passed("kernels", rc=2), passed("repairs")]
+    chosen, lines = ci_slices.pick(count, [], history, cores=2, budget_minutes=1000)
+    verdicts = {name: (verdict, reason) for name, verdict, reason in lines}
+    # kernels' turn anyway; cluster has not passed in the last two passed runs: overdue (the failed run counts not).
+    assert chosen == ["kernels", "cluster"], lines
+    assert verdicts["cluster"][1].startswith("overdue: not in the last 2 passed runs")
+    assert verdicts["repairs"][0] == "not picked"
+
+
+def test_a_slice_is_left_out_when_the_run_would_pass_the_budget():
+    quick = tiers.COSTS["checks"]["core_seconds"] + tiers.COSTS[tiers.LANDING]["core_seconds"]
+    cluster = tiers.SLICES["cluster"]["core_seconds"]
+    # A budget that holds the landing tier and nothing more: the rotation's slice is left out, and says why.
+    budget = (quick / 2.0 + 1) / 60
+    count = list(tiers.SLICES).index("cluster")
+    chosen, lines = ci_slices.pick(count, [], [], cores=2, budget_minutes=budget)
+    assert chosen == []
+    verdict = {name: (v, r) for name, v, r in lines}["cluster"]
+    assert verdict[0] == "left out" and "past the" in verdict[1]
+    # With room for it, it runs.
+    chosen, _lines = ci_slices.pick(count, [], [], cores=2, budget_minutes=(quick + cluster) / 2.0 / 60 + 0.1)
+    assert chosen == ["cluster"]
+
+
+def test_the_last_passed_runs_time_scales_the_prediction():
+    assert ci_slices.scale_of([]) == 1.0
+    assert ci_slices.scale_of([passed(seconds=1200, predicted=1000)]) == pytest.approx(1.2)
+    # Bounded: one odd run does not shut every slice out.
+    assert ci_slices.scale_of([passed(seconds=9000, predicted=1000)]) == ci_slices.SCALE_LIMITS[1]
+    count = list(tiers.SLICES).index("cluster")
+    quick = tiers.COSTS["checks"]["core_seconds"] + tiers.COSTS[tiers.LANDING]["core_seconds"]
+    budget = (quick + tiers.SLICES["cluster"]["core_seconds"]) / 2.0 / 60 + 0.1
+    assert ci_slices.pick(count, [], [], 2, budget)[0] == ["cluster"]
+    assert ci_slices.pick(count, [], [passed(seconds=1300, predicted=1000)], 2, budget)[0] == []
+
+
+def test_the_command_picks_for_head_and_records_the_run(tmp_path):
+    state = tmp_path / "history.json"
+    env = dict(os.environ, GPUOPS_CI_BUDGET_MINUTES="1000")
+    picked = subprocess.run([sys.executable, SCRIPT, "--state", str(state), "--cores", "2", "pick"], cwd=TOP, env=env,
+                            check=False, text=True, capture_output=True, timeout=60)
+    assert picked.returncode == 0, picked.stderr
+    chosen = picked.stdout.strip()
+    assert chosen and tiers.parse_slices(chosen), picked.stdout
+    assert "ci_slices: HEAD " in picked.stderr
+    for name in tiers.SLICES:
+        assert "ci_slices:   %s " % name in picked.stderr, picked.stderr
+    done = subprocess.run([sys.executable, SCRIPT, "--state", str(state), "--cores", "2", "record", "--slices", chosen,
+                           "--rc", "0", "--seconds", "3000"], cwd=TOP, check=False, text=True, capture_output=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(state.read_text())["runs"]
+    assert len(runs) == 1 and runs[0]["rc"] == 0 and runs[0]["slices"] == tiers.parse_slices(chosen)
+    assert runs[0]["predicted_seconds"] > 0 and len(runs[0]["commit"]) == 40
+    # A damaged record is said and set aside; the pick goes by the commit alone.
+    state.write_text("{not json")
+    picked = subprocess.run([sys.executable, SCRIPT, "--state", str(state), "pick"], cwd=TOP, env=env, check=False,
+                            text=True, capture_output=True, timeout=60)
+    assert picked.returncode == 0 and "is unreadable" in picked.stderr and "Traceback" not in picked.stderr
+    bad = subprocess.run([sys.executable, SCRIPT, "--state", str(state), "record", "--slices", "kernel", "--rc", "0",
+                          "--seconds", "1"], cwd=TOP, check=False, text=True, capture_output=True, timeout=60)
+    assert bad.returncode == 2 and "no slice named kernel" in bad.stderr and "Traceback" not in bad.stderr
