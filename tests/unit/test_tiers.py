@@ -194,3 +194,12 @@ def test_the_command_picks_for_head_and_records_the_run(tmp_path):
     bad = subprocess.run([sys.executable, SCRIPT, "--state", str(state), "record", "--slices", "kernel", "--rc", "0",
                           "--seconds", "1"], cwd=TOP, check=False, text=True, capture_output=True, timeout=60)
     assert bad.returncode == 2 and "no slice named kernel" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_testing_guide_names_every_slice_and_how_a_target_is_found():
+    with open(os.path.join(TOP, "docs", "docsite", "rst", "guide_testing.rst"), encoding="utf-8") as handle:
+        guide = handle.read()
+    for name in tiers.SLICES:
+        assert "   * - ``%s``" % name in guide, name
+    assert "gpulab/before_reboot/<order>" in guide and "gpulab/after_reboot/<order>" in guide
+    assert "%d minutes by default" % ci_slices.BUDGET_MINUTES in guide
