@@ -22,7 +22,10 @@ import time
 from labcommon import read_json, sha256_file, utc_now, write_json, write_text
 from kubecommon import TOP, KubeLabError, locked, log, run
 
-CACHE = os.environ.get("GPUOPS_KUBE_CACHE") or os.path.join(TOP, ".cache", "kube")
+# Shared by every checkout on the machine, as the lab's image is (a fresh clone linked the three binaries again from
+# Go's build cache: 110 s before its integration tier could start, 2026-12-01); builds are serialised by a lock in it.
+CACHE = os.environ.get("GPUOPS_KUBE_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpuops-sandbox", "kube")
 GO = os.environ.get("GPUOPS_KUBE_GO") or "go"
 BUILD_TIMEOUT = int(os.environ.get("GPUOPS_KUBE_BUILD_TIMEOUT", "5400"))
 

@@ -1263,7 +1263,7 @@ def sweep_session_states():
 def kube_api():
     """The tests' own API server with the project's fixtures, fresh for the whole session.
 
-    Builds the binaries (cached in .cache/kube), then starts etcd and kube-apiserver in KUBE_TEST_STATE from
+    Builds the binaries (cached for the machine, lab/kubebuild.py), then starts etcd and kube-apiserver in KUBE_TEST_STATE from
     an empty store: a server left there by an earlier session (GPUOPS_KUBE_KEEP=1, an interrupted run) is
     stopped and its state wiped first, so no test sees what ran before the session. Applies the fixture
     CRDs, objects and lab Nodes. Yields a dict: server, kubeconfig (admin), kubeconfig_unauthorised (no RBAC

@@ -49,9 +49,11 @@ def load(path):
 
 
 def helm_binary():
-    found = sorted(p for p in (os.path.join(TOP, ".cache", "kube", d, "helm")
-                               for d in os.listdir(os.path.join(TOP, ".cache", "kube"))) if os.access(p, os.X_OK)) \
-        if os.path.isdir(os.path.join(TOP, ".cache", "kube")) else []
+    """The lab's helm (lab/kubebuild.py's cache, shared by the machine's checkouts), else one on PATH."""
+    caches = [os.environ.get("GPUOPS_KUBE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpuops-sandbox", "kube")]
+    found = sorted(p for cache in caches if os.path.isdir(cache)
+                   for p in (os.path.join(cache, d, "helm") for d in os.listdir(cache)) if os.access(p, os.X_OK))
     return found[-1] if found else shutil.which("helm")
 
 
