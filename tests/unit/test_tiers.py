@@ -203,3 +203,22 @@ def test_the_testing_guide_names_every_slice_and_how_a_target_is_found():
         assert "   * - ``%s``" % name in guide, name
     assert "gpulab/before_reboot/<order>" in guide and "gpulab/after_reboot/<order>" in guide
     assert "%d minutes by default" % ci_slices.BUDGET_MINUTES in guide
+
+
+def make_database(*args):
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUOPS_SLICES", "MAKEFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "-pn", "--no-print-directory"] + list(args), cwd=TOP, env=env, check=False,
+                          text=True, capture_output=True, timeout=120)
+    return [line for line in done.stdout.splitlines() if line.startswith("GPUOPS_SLICES :=")]
+
+
+def test_make_passes_the_slices_to_the_integration_tier():
+    assert set(make_database("test")) == {"GPUOPS_SLICES := "}
+    assert set(make_database("test", "SLICES=kernels,cluster")) == {"GPUOPS_SLICES := kernels,cluster"}
+    # test-full asks for every slice (its recipe), and .ci/run passes its pick as SLICES.
+    with open(os.path.join(TOP, "Makefile"), encoding="utf-8") as handle:
+        makefile = handle.read()
+    assert "test-full:\n\t$(MAKE) test SLICES=all\n" in makefile
+    with open(os.path.join(TOP, ".ci", "run"), encoding="utf-8") as handle:
+        ci = handle.read()
+    assert 'slices=$(python3 scripts/ci_slices.py pick)' in ci and 'make test SLICES="$slices"' in ci
