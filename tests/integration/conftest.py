@@ -930,6 +930,35 @@ def dra_host_steps(host="lab-dra"):
     return HostSteps([("kernel repair", functools.partial(kernel_repair, host))])
 
 
+class CriticalPriority:
+    """While the lab's work runs, each host of tiers.CRITICAL_HOSTS has its QEMU at its nice value: its pid file is
+    read every 10 s (a reboot starts a new QEMU) and the process reniced when it is not there yet. Nothing when the
+    session may not raise a priority (not root)."""
+
+    def __init__(self, hosts=None):
+        self.hosts = dict(tiers.CRITICAL_HOSTS if hosts is None else hosts)
+        self.reniced = []  # (host, pid) each time a QEMU was set to its value
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while not self._stop.wait(10):
+            for host, value in self.hosts.items():
+                try:
+                    pid = int(lab_file(host, "qemu.pid").strip() or 0)
+                    if pid and os.getpriority(os.PRIO_PROCESS, pid) != value:
+                        os.setpriority(os.PRIO_PROCESS, pid, value)
+                        self.reniced.append((host, pid))
+                except (ValueError, OSError):
+                    continue
+
+    def results(self, timeout=None):  # pylint: disable=unused-argument
+        return list(self.reniced)
+
+    def kill(self):
+        self._stop.set()
+
+
 class NotRun:
     """A part of the lab's work that this session does not run (its slice is not selected): it has no run and no
     results, as an After whose scenario failed, and its tests are deselected."""
@@ -974,6 +1003,7 @@ class LabWork:
         # How much each host's reboot follower had written before: what this session's reboots add follows.
         self.follower_logs = {host: len(lab_file(host, "reboots.log")) for host in SCENARIOS.values()}
         self.boot = LabBoot([MODULES_HOST] + list(SCENARIOS.values()))
+        self.priority = CriticalPriority()
         self.modules = ModuleTargetsRun(boot=self.boot)
         self.scenarios = BackgroundRuns({name: dict(SCENARIO_ENV) for name in SCENARIOS}, boot=self.boot)
         self.switch = After(self.scenarios, "vm_passthrough", lambda: BackgroundRuns(
@@ -998,10 +1028,12 @@ class LabWork:
     def settle(self):
         for part in self.parts:
             part.results()
+        self.priority.kill()
 
     def kill(self):
         for part in self.parts:
             part.kill()
+        self.priority.kill()
 
 
 @pytest.fixture(scope="session")
@@ -1503,6 +1535,10 @@ def pytest_terminal_summary(terminalreporter):
         for part in parts:
             write("  %8s %8s  %s" % (part["seconds"], part.get("ended", ""), part["part"]))
     if TIMES["lab_work"] is not None:
+        reniced = TIMES["lab_work"].priority.results()
+        write("the longest chain's hosts (tiers.CRITICAL_HOSTS): %s; QEMUs reniced: %s" % (
+            ", ".join("%s at nice %d" % item for item in tiers.CRITICAL_HOSTS.items()),
+            ", ".join("%s pid %d" % item for item in reniced) or "none"))
         write("the lab work as declared (tests/integration/tiers.py): tier or slice, host, part, and whether it ran")
         for part in tiers.LAB_WORK:
             write("  %-9s %-16s %-24s %s" % (part.tier, part.host, part.name,
