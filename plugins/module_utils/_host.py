@@ -199,7 +199,7 @@ def read_prepared(root="/"):
     """The record the host preparation left at its last ready run, or None."""
     try:
         record = json.loads(_persist.read_text(root, PREPARED_RECORD) or "null")
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser recurses: damaged all the same
         return None
     return record if isinstance(record, dict) else None
 

@@ -667,7 +667,7 @@ def read_record(address, root="/"):
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("address") != address:
         return None
