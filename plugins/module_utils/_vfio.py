@@ -393,6 +393,16 @@ def _id_matches(entry, state):
     return have[4] is None or (have[4] & fields[5]) == (fields[4] & fields[5])
 
 
+def modprobe_files(root):
+    """``[(path, text)]`` of the modprobe.d files modprobe reads, in its order (see :func:`_modprobe_files`)."""
+    return _modprobe_files(root)
+
+
+def modprobe_logical_lines(text):
+    """The lines of a modprobe.d file as modprobe reads them: continuations joined, newlines dropped."""
+    return [_logical(line) for line in _conf_lines(text)]
+
+
 def _modprobe_files(root):
     """``[(path, text)]`` of the modprobe.d files modprobe reads, in its order; an earlier directory's file hides a
     later one of the same name."""
