@@ -129,6 +129,13 @@ options:
         functions it restores.
     type: bool
     default: false
+  host_claims_advice:
+    description:
+      - With O(state=present), the end of the warning about functions the host's own settings also claim for
+        vfio-pci (RV(host_claims)): how to give them back to their host drivers later, in the words of the caller
+        (a role names its playbook's input). Unset or empty, the warning says it in this module's words
+        (O(state=absent) with O(remove_claims=true)).
+    type: str
   remove_claims:
     description:
       - With O(state=absent), remove the claims the host makes for vfio-pci on the functions considered (the
@@ -434,12 +441,17 @@ def build_module():
             assume_slot_groups=dict(type="bool", default=False),
             persistent=dict(type="bool", default=False),
             remove_claims=dict(type="bool", default=False),
+            host_claims_advice=dict(type="str"),
             timeout=dict(type="int", default=10),
         ),
         mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
 
+
+# How a caller gives hand-made claims back, in this module's words; a role says it in its playbook's inputs.
+HOST_CLAIMS_ADVICE = ("run state=absent with remove_claims=true: it removes those claims (a vfio-pci.ids= argument "
+                      "through kernel_cmdline and a reboot)")
 
 def check_params(params):
     """Checks the argument spec cannot express; raise VfioError. Runs before anything is read or changed."""
@@ -620,10 +632,9 @@ def run(module, root="/", release=None):
         result["host_claims"] = host_claims(plan, root)
         if result["host_claims"]:
             module.warn("%s: these functions are also claimed for vfio-pci by the host's own settings, which this "
-                        "module leaves where they are. To give them back to their host drivers later, run "
-                        "state=absent with remove_claims=true: it removes those claims (a vfio-pci.ids= argument "
-                        "through kernel_cmdline and a reboot)"
-                        % "; ".join("%s by %s" % (c["address"], " and ".join(c["claims"])) for c in result["host_claims"]))
+                        "module leaves where they are. To give them back to their host drivers later, %s"
+                        % ("; ".join("%s by %s" % (c["address"], " and ".join(c["claims"])) for c in result["host_claims"]),
+                           (params.get("host_claims_advice") or "").strip() or HOST_CLAIMS_ADVICE))
     result["loaded_modules"] = load_drivers(module, to_load)
     if module.check_mode or not result["changed"]:
         result["devices"] = summarize(plan, root, True)

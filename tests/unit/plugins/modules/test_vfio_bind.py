@@ -941,6 +941,13 @@ def test_preparation_names_the_hosts_own_claims_and_leaves_them(monkeypatch, hos
             {"address": st.A10_AUDIO, "claims": [cmdline % "10de:1aef"]}]
         assert len(warned) == 1 and "0000:65:00.0 by vfio-pci.ids=10de:2236" in warned[0]
         assert "remove_claims=true" in warned[0]
+    # A caller's own words for the way back (a role names its playbook's input) end the warning instead.
+    for check in (True, False):
+        warned.clear()
+        kind, result = run(monkeypatch, host, dict(args, host_claims_advice="set gpuops_x=true "), check=check)
+        assert kind == "exit" and len(warned) == 1, result
+        assert warned[0].endswith("To give them back to their host drivers later, set gpuops_x=true"), warned[0]
+        assert "remove_claims" not in warned[0]
     assert tree.read(MODPROBE) == "options vfio-pci ids=10de:2236" and kernel.driver(st.A10) == "vfio-pci"
     # Nothing claimed: nothing named, no warning.
     tree.set_cmdline("BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=/dev/sda1 ro intel_iommu=on iommu=pt")
