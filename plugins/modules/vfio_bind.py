@@ -81,7 +81,10 @@ options:
     description:
       - Also bind the other functions of each selected function's IOMMU group (the GPU's HDMI audio, USB-C
         controller, ...), so the group becomes viable. PCI bridges are left alone.
-      - Those functions may be on a driver in O(allowed_drivers) or O(allowed_group_drivers).
+      - Those functions may be on a driver in O(allowed_drivers) or O(allowed_group_drivers). One on another
+        driver that is a network interface of the host (it has C(/sys/bus/pci/devices/<address>/net/<name>)) is
+        refused as such, naming the interface, and without the advice to allow its driver, which would take the
+        interface away from the host.
       - With O(state=absent), also restore the other functions of the group that are on a vfio driver.
       - When false, a group in which another endpoint is on a host driver is refused, naming it.
     type: bool
