@@ -367,7 +367,7 @@ ansible_facts:
             - Which NVIDIA driver serves the host. C(loaded) and C(version) from C(/sys/module/nvidia); C(host_module)
               the file of the nvidia module the running kernel's modules.dep lists (a driver installed on the host by
               the distribution, NVIDIA's installer or DKMS), or null. The file is known by the module's name, not its
-              own: C(nvidia.ko) (also C(.xz), C(.zst), C(.gz)), a file the modprobe configuration loads for C(nvidia)
+              own, so it is C(nvidia.ko) (also C(.xz), C(.zst), C(.gz)), a file the modprobe configuration loads for C(nvidia)
               (C(install nvidia modprobe -i nvidia-current) or C(alias nvidia ...), as Debian's renamed
               C(nvidia-current.ko), C(nvidia-current-open.ko) and C(nvidia-tesla-535.ko) are loaded), or an
               uncompressed module whose C(.modinfo) says C(name=nvidia). C(source) is V(host) when there is such a file,

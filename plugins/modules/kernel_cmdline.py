@@ -27,9 +27,10 @@ description:
     that value (C(GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt")), so the arguments written by hand in
     C(/etc/default/grub) (say a C(vfio-pci.ids=) claim) stay there, where their author edits or removes them,
     and are not copied into this module's file. An argument of those files that the change takes off for good
-    (not one the record keeps to give back: a C(vfio-pci.ids=) claim O(state=absent) removes, an original given up
-    with O(restore=false)) is taken out of the file where it is written, that token alone, with the file backed up
-    and a warning naming it, the variable and the backup; so the drop-in still only adds to that value, and what
+    (not one the record keeps to give back, so a C(vfio-pci.ids=) claim O(state=absent) removes, or an original
+    given up with O(restore=false)) is taken out of the file where it is written, that token alone, with the
+    file backed up and a warning naming it, the variable and the backup; so the drop-in still only adds to that
+    value, and what
     the owner writes there later (a C(quiet)) takes effect. A drop-in that an earlier version set to a full value
     this way is mended on the next run. Only a value replaced (with the record to give the original back), or an
     argument the files do not spell out (it comes from another variable), sets the variable's full value in the

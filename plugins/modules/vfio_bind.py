@@ -135,7 +135,7 @@ options:
   host_claims_advice:
     description:
       - With O(state=present), the end of the warning about functions the host's own settings also claim for
-        vfio-pci (RV(host_claims)): how to give them back to their host drivers later, in the words of the caller
+        vfio-pci (RV(host_claims)), that is how to give them back to their host drivers later, in the words of the caller
         (a role names its playbook's input). Unset or empty, the warning says it in this module's words
         (O(state=absent) with O(remove_claims=true)).
     type: str
