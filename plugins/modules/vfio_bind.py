@@ -456,6 +456,7 @@ def build_module():
 HOST_CLAIMS_ADVICE = ("run state=absent with remove_claims=true: it removes those claims (a vfio-pci.ids= argument "
                       "through kernel_cmdline and a reboot)")
 
+
 def check_params(params):
     """Checks the argument spec cannot express; raise VfioError. Runs before anything is read or changed."""
     check_timeout(params["timeout"], 0, MAX_WAIT, _vfio.VfioError)
