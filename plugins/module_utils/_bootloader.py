@@ -17,6 +17,7 @@ shell is _shellvars'.
 from __future__ import annotations
 
 import os
+import re
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import (
     BLS_ENTRIES_DIR,
@@ -95,6 +96,7 @@ class Plan:
         self.note = ""
         self.record = None  # (before text or None, after text or None) of RECORD_FILE when it changes
         self.pending = None  # label of the pending record kept while the commands generate from the files
+        self.owner_edits = []  # (path, [(variable, token)]) taken out of the owner's grub defaults files
 
 
 class Context:
@@ -199,10 +201,21 @@ def plan_grub(ctx):
     # that is the other files' value with arguments added extends that value rather than copying it, so what the
     # user wrote there (a vfio-pci.ids= claim, a console) stays in their file, under their control; only a result
     # that takes something off their value is set in full.
+    #
+    # An argument of the other files that the result no longer has and that the record does not keep to give back
+    # (a vfio-pci.ids= claim state=absent takes off; an original given up with restore=false) is taken out of the file where it is written,
+    # that token alone, with a backup and a warning; the drop-in then still only adds to that value, so what the
+    # owner writes there later (a quiet, a console) takes effect. A drop-in set to a full value by an earlier version
+    # is mended the same way. When the token cannot be found in the text of the files (it comes from another
+    # variable, or is quoted in pieces), the drop-in sets the full value as before, and a warning says so.
+    replaced = set(tok for entry in ctx.new_record.values() for tok in entry["original"])
+    owner_edits, unedited = plan_owner_removals(ctx, base, new_segments, replaced, dropin)
+    edited = dict((path, text) for path, (_before, text, _tokens) in owner_edits.items())
+    below_of, _assignments = evaluate_grub_defaults(ctx.root, dict(edited, **{dropin: None})) if edited else (base, None)
     wanted = {}
     extends = {}
     for name, old, new in zip(GRUB_VARS, old_segments, new_segments):
-        below = split_cmdline(base[name])
+        below = split_cmdline(below_of[name])
         if below == new:
             continue
         if new[:len(below)] == below:
@@ -212,7 +225,28 @@ def plan_grub(ctx):
     new_text = render_grub_dropin(wanted, ORIGIN, extends) if wanted or extends else None
     old_text = read_text(dropin)
 
-    trial, _assignments = evaluate_grub_defaults(ctx.root, {dropin: new_text})
+    trial, _assignments = evaluate_grub_defaults(ctx.root, dict(edited, **{dropin: new_text}))
+    if edited and [split_cmdline(trial[name]) for name in GRUB_VARS] != new_segments:
+        # Taking the tokens out where they are written does not give the result: leave the owner's files alone.
+        unedited = sorted(set(unedited) | set(tok for _b, _t, tokens in owner_edits.values() for _n, tok in tokens))
+        owner_edits, edited = {}, {}
+        wanted, extends = {}, {}
+        for name, old, new in zip(GRUB_VARS, old_segments, new_segments):
+            below = split_cmdline(base[name])
+            if below == new:
+                continue
+            if new[:len(below)] == below:
+                extends[name] = " ".join(new[len(below):])
+            else:
+                wanted[name] = current[name] if old == new else " ".join(new)
+        new_text = render_grub_dropin(wanted, ORIGIN, extends) if wanted or extends else None
+        trial, _assignments = evaluate_grub_defaults(ctx.root, {dropin: new_text})
+    if unedited:
+        ctx.module.warn("%s could not be taken out of the grub defaults files where it is written (the text there "
+                        "is not that argument as it is: it comes from another variable or is quoted in pieces); %s "
+                        "sets GRUB_CMDLINE_LINUX(_DEFAULT) to the full value instead, so later edits of those "
+                        "variables in /etc/default/grub do not take effect until the argument is removed there by hand"
+                        % (", ".join(unedited), ctx.shown(dropin)))
     if [split_cmdline(trial[name]) for name in GRUB_VARS] != new_segments:
         later = [ctx.shown(p) for p in grub_defaults_chain(ctx.root) if os.path.basename(p) > DROPIN_NAME
                  and os.path.dirname(p) == os.path.dirname(dropin)]
@@ -221,17 +255,21 @@ def plan_grub(ctx):
                             % (ctx.shown(dropin), ", ".join(later) or "(unknown)"))
 
     plan.cmdline_args = new_segments[0] + new_segments[1]
+    for path in sorted(owner_edits):
+        before, after, tokens = owner_edits[path]
+        plan.files.append((path, before, after))
+        plan.owner_edits.append((path, tokens))
     # The drop-in is written before grub.cfg is generated from it: a run cut short in between left a pending
     # record, and then grub.cfg is generated again although the drop-in already says what it should.
     earlier = read_pending(ctx.root, PENDING)
     # grub.cfg generated before the files said what they say now (a kernel installed while the drop-in was another,
     # a grub.cfg generated by hand from other files): an entry without the request is generated again.
     stale = [] if new_text != old_text or earlier is not None else stale_grub_entries(ctx)
-    if new_text != old_text or earlier is not None or stale:
+    if new_text != old_text or earlier is not None or stale or owner_edits:
         plan.needs_change = True
         plan.pending = ctx.shown(dropin)
         if new_text != old_text:
-            plan.files.append((dropin, old_text, new_text))
+            plan.files.insert(0, (dropin, old_text, new_text))
         elif earlier is not None:
             plan.note = describe_pending(earlier) + ": grub.cfg is generated again"
         else:
@@ -255,6 +293,57 @@ def plan_grub(ctx):
         "after": " ".join(plan.cmdline_args) + "\n",
     })
     return plan
+
+
+def _without_token(statement, prefix_end, token):
+    """``statement`` (one assignment's text) without one occurrence of ``token`` as a whole word of its value (after
+    ``prefix_end``, the ``NAME=`` part), with one space next to it; None when the value does not spell it out."""
+    match = re.compile(r"(?<=[\s\"'=])" + re.escape(token) + r"(?=[\s\"']|$)").search(statement, prefix_end)
+    if not match:
+        return None
+    start, end = match.start(), match.end()
+    if end < len(statement) and statement[end] in " \t":
+        end += 1
+    elif start > prefix_end and statement[start - 1] in " \t":
+        start -= 1
+    return statement[:start] + statement[end:]
+
+
+def plan_owner_removals(ctx, base, new_segments, replaced, dropin):
+    """The edits of the other grub defaults files that take out, where they are written, the tokens their values
+    (``base``) have and the result (``new_segments``) does not, but for those in ``replaced`` (the record's
+    originals: given back through the drop-in, so kept in the files).
+
+    Returns ``({path: (before, after, [(variable, token)])}, [token not found])``. Each token is searched in the
+    assignments of its variable from the last one back (the last one that spells it out is the one in effect)."""
+    originals, texts, tokens_of, unedited = {}, {}, {}, []
+    _values, assignments = evaluate_grub_defaults(ctx.root, {dropin: None})
+    for name, new in zip(GRUB_VARS, new_segments):
+        for token in [tok for tok in split_cmdline(base[name]) if tok not in new and tok not in replaced]:
+            for assignment in reversed(assignments.get(name, [])):
+                path = assignment.path
+                if path == dropin:
+                    continue
+                if path not in texts:
+                    originals[path] = texts[path] = read_text(path, missing="")
+                statement = texts[path][assignment.start:assignment.end]
+                changed = _without_token(statement, statement.find("=") + 1, token)
+                if changed is None:
+                    continue
+                delta = len(statement) - len(changed)
+                texts[path] = texts[path][:assignment.start] + changed + texts[path][assignment.end:]
+                # The spans after the edit (of the same file) move back by what it took out.
+                for items in assignments.values():
+                    for item in items:
+                        if item is not assignment and item.path == path and item.start >= assignment.end:
+                            item.start -= delta
+                            item.end -= delta
+                assignment.end -= delta
+                tokens_of.setdefault(path, []).append((name, token))
+                break
+            else:
+                unedited.append(token)
+    return dict((path, (originals[path], texts[path], tokens_of[path])) for path in tokens_of), unedited
 
 
 def stale_grub_entries(ctx):

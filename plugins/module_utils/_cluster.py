@@ -67,7 +67,7 @@ def owned_labels(node):
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(OWNED_LABELS_ANNOTATION)
     try:
         owned = json.loads(text) if text else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     if not isinstance(owned, dict):
         return {}
@@ -543,7 +543,7 @@ def plan_kubevirt(cr, hosts, pci_vendor_ids=("10de",), kubevirt_version=None, di
     pci, mdev = _rename(pci, renames), _rename(mdev, renames)
     try:
         owned = json.loads((metadata.get("annotations") or {}).get(OWNED_ANNOTATION) or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         owned = {}
     new_pci, pci_added, pci_removed, pci_conflicts, pci_owned = merge_entries(
         phd.get("pciHostDevices") or [], pci, owned.get("pciHostDevices") or [], "pciVendorSelector",

@@ -441,7 +441,7 @@ def qmp_replies(text):
             continue
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             if number == len(lines) - 1:
                 break
             raise GuestError("QEMU's QMP output (its standard output) has a line that is not JSON: %r"

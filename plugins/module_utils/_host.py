@@ -20,6 +20,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import struct
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import (
     _bootloader,
@@ -110,28 +111,154 @@ def managed_files(root="/"):
 
 
 # The NVIDIA kernel module as the distribution (or NVIDIA's installer, or DKMS) puts it in the running kernel's
-# module tree; the GPU Operator's driver container loads its own from the driver root it mounts instead.
-NVIDIA_MODULE_NAMES = ("nvidia.ko", "nvidia.ko.xz", "nvidia.ko.zst", "nvidia.ko.gz")
+# module tree; the GPU Operator's driver container loads its own from the driver root it mounts instead. The module
+# is known by its name, not its file's: Debian renames the files (nvidia-current.ko, nvidia-current-open.ko,
+# nvidia-tesla-535.ko) and loads them as nvidia through its modprobe file (install nvidia modprobe -i nvidia-current).
+NVIDIA_MODULE = "nvidia"
+MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 OPERATOR_DRIVER_ROOT = "/run/nvidia/driver"
+# Bounds of the .modinfo read: a module's section table and .modinfo are small, whatever the module's size.
+MAX_SECTIONS = 4096
+MAX_SECTION_BYTES = 1 << 20
+
+
+def _module_key(name):
+    """A module name as modprobe compares them (``-`` and ``_`` are the same)."""
+    return name.replace("-", "_")
+
+
+def _file_module_name(path):
+    """The module name depmod gives a module file (its name without the suffix), or None for another file."""
+    base = os.path.basename(path)
+    for suffix in MODULE_SUFFIXES:
+        if base.endswith(suffix) and len(base) > len(suffix):
+            return base[:-len(suffix)]
+    return None
+
+
+def _modprobe_names(command):
+    """The modules a modprobe.d ``install`` command loads with modprobe (the first name of each modprobe call)."""
+    names = []
+    for part in command.replace("&&", ";").replace("||", ";").replace("|", ";").split(";"):
+        words = part.split()
+        if not words or os.path.basename(words[0]) != "modprobe":
+            continue
+        rest = iter(words[1:])
+        for word in rest:
+            if word in ("-C", "--config", "-d", "--dirname", "-S", "--set-version"):
+                next(rest, None)
+            elif not word.startswith("-"):
+                if not word.startswith("$"):
+                    names.append(word)
+                break
+    return names
+
+
+def nvidia_module_aliases(root="/"):
+    """The module names the modprobe configuration loads when the ``nvidia`` module is asked for: the first module
+    of each modprobe call of an ``install nvidia`` command, and the target of an ``alias nvidia`` line."""
+    found = []
+    for _path, text in _vfio.modprobe_files(root):
+        for line in _vfio.modprobe_logical_lines(text):
+            words = line.split("#", 1)[0].split()
+            if len(words) < 3 or _module_key(words[1]) != NVIDIA_MODULE:
+                continue
+            if words[0] == "install":
+                found.extend(_modprobe_names(" ".join(words[2:])))
+            elif words[0] == "alias":
+                found.append(words[2])
+    return [_module_key(name) for name in found if _module_key(name) != NVIDIA_MODULE]
+
+
+def modinfo_name(path):
+    """The ``name=`` of an uncompressed kernel module's .modinfo section (what modinfo shows as ``name:``), or None
+    when the file is not such a module or cannot be read. Compressed modules are not unpacked."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(64)
+            if len(header) < 52 or header[:4] != b"\x7fELF" or header[4] not in (1, 2) or header[5] not in (1, 2):
+                return None
+            order = "<" if header[5] == 1 else ">"
+            wide = header[4] == 2
+            if wide and len(header) < 64:
+                return None
+            shoff = struct.unpack_from(order + ("Q" if wide else "I"), header, 0x28 if wide else 0x20)[0]
+            shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", header, 0x3A if wide else 0x2E)
+            entry = order + ("IIQQQQ" if wide else "IIIIII")
+            if not 0 < shnum <= MAX_SECTIONS or shstrndx >= shnum or shentsize < struct.calcsize(entry):
+                return None
+            handle.seek(shoff)
+            table = handle.read(shentsize * shnum)
+            if len(table) < shentsize * shnum:
+                return None
+            sections = [struct.unpack_from(entry, table, i * shentsize) for i in range(shnum)]
+
+            def contents(section):
+                offset, size = section[4], section[5]
+                if size > MAX_SECTION_BYTES:
+                    return None
+                handle.seek(offset)
+                data = handle.read(size)
+                return data if len(data) == size else None
+
+            names = contents(sections[shstrndx])
+            if names is None:
+                return None
+            for section in sections:
+                if names[section[0]:section[0] + 9] != b".modinfo\0":
+                    continue
+                data = contents(section)
+                for item in (data or b"").split(b"\0"):
+                    if item.startswith(b"name="):
+                        return item[5:].decode("ascii", "replace") or None
+                return None
+    except (IOError, OSError, struct.error, ValueError):
+        return None
+    return None
+
+
+def nvidia_host_module(root="/", kernel=None):
+    """The file of the nvidia module that the running kernel's modules.dep lists, as modules.dep writes it, or None.
+
+    A file is the nvidia module when depmod names it so (``nvidia.ko*``), when the modprobe configuration loads it
+    for ``nvidia`` (:func:`nvidia_module_aliases`), or when the name inside it says so (:func:`modinfo_name`)."""
+    if not kernel:
+        return None
+    moddir = "/lib/modules/%s" % kernel
+    text = _persist.read_text(root, moddir + "/modules.dep")
+    candidates = []
+    for line in (text or "").splitlines():
+        path = line.split(":", 1)[0].strip()
+        name = _file_module_name(path)
+        if name and _module_key(name).startswith(NVIDIA_MODULE):
+            candidates.append((path, _module_key(name)))
+    aliases = None
+    for path, name in candidates:
+        if name == NVIDIA_MODULE:
+            return path
+        if aliases is None:
+            aliases = nvidia_module_aliases(root)
+        if name in aliases:
+            return path
+    for path, name in candidates:
+        if path.endswith(".ko") and modinfo_name(host_path(root, path if path.startswith("/") else
+                                                           moddir + "/" + path)) == NVIDIA_MODULE:
+            return path
+    return None
 
 
 def nvidia_driver(root="/", kernel=None):
     """Which NVIDIA driver serves the host: ``{"loaded", "version", "host_module", "source"}``.
 
-    ``host_module`` is the nvidia module file modules.dep of the running kernel lists (installed on the host), or
-    None. ``source`` is ``host`` when that file exists (a pre-installed driver, loaded or not), ``operator`` when the
-    module is loaded without one and the operator's driver root (``/run/nvidia/driver``) is there, ``other`` when
-    it is loaded from somewhere else, None when there is no NVIDIA driver at all.
+    ``host_module`` is the file of the nvidia module that modules.dep of the running kernel lists (installed on the
+    host, under whichever file name: :func:`nvidia_host_module`), or None. ``source`` is ``host`` when there is
+    that file (a pre-installed driver, loaded or not), ``operator`` when the module is loaded without one and the
+    operator's driver root (``/run/nvidia/driver``) is there, ``other`` when it is loaded from somewhere else, None
+    when there is no NVIDIA driver at all.
     """
     loaded = os.path.isdir(host_path(root, "/sys/module/nvidia"))
     version = (_persist.read_text(root, "/sys/module/nvidia/version") or "").strip() or None
-    host_module = None
-    text = _persist.read_text(root, "/lib/modules/%s/modules.dep" % kernel) if kernel else None
-    for line in (text or "").splitlines():
-        path = line.split(":", 1)[0].strip()
-        if os.path.basename(path) in NVIDIA_MODULE_NAMES:
-            host_module = path
-            break
+    host_module = nvidia_host_module(root, kernel)
     if host_module:
         source = "host"
     elif loaded:
@@ -199,7 +326,7 @@ def read_prepared(root="/"):
     """The record the host preparation left at its last ready run, or None."""
     try:
         record = json.loads(_persist.read_text(root, PREPARED_RECORD) or "null")
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser recurses: damaged all the same
         return None
     return record if isinstance(record, dict) else None
 

@@ -213,7 +213,7 @@ def _status_message(exc):
     try:
         body = json.loads(exc.body or "{}")
         message = body.get("message")
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, AttributeError, RecursionError):
         message = None
     return message or exc.reason or "no message"
 
@@ -428,7 +428,7 @@ class KubeApi:
             raise self._error("cannot %s: the kubeconfig's credentials cannot be refreshed: %s" % (what, exc))
         try:
             return json.loads(data or b"{}")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise self._error("cannot %s: the API server at %s sent a reply that is not JSON: %s" % (what, self.server, exc))
 
     # -- access -----------------------------------------------------------------------------------

@@ -261,7 +261,7 @@ def read_record(root):
         return None, "it is larger than %d bytes" % MAX_RECORD_BYTES, text[:4096]
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeError, ValueError) as exc:
+    except (UnicodeError, ValueError, RecursionError) as exc:
         return None, "it is not JSON: %s" % printable(exc, 200), text
     problem = problem_of(data)
     if problem:

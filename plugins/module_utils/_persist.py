@@ -172,7 +172,7 @@ def read_pending(root, name):
         return None
     try:
         record = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 

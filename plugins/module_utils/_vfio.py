@@ -24,6 +24,7 @@ import os
 import re
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
+    SysfsError,
     host_path,
     link_name,
     normalize_pci_address,
@@ -393,6 +394,16 @@ def _id_matches(entry, state):
     return have[4] is None or (have[4] & fields[5]) == (fields[4] & fields[5])
 
 
+def modprobe_files(root):
+    """``[(path, text)]`` of the modprobe.d files modprobe reads, in its order (see :func:`_modprobe_files`)."""
+    return _modprobe_files(root)
+
+
+def modprobe_logical_lines(text):
+    """The lines of a modprobe.d file as modprobe reads them: continuations joined, newlines dropped."""
+    return [_logical(line) for line in _conf_lines(text)]
+
+
 def _modprobe_files(root):
     """``[(path, text)]`` of the modprobe.d files modprobe reads, in its order; an earlier directory's file hides a
     later one of the same name."""
@@ -667,7 +678,7 @@ def read_record(address, root="/"):
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("address") != address:
         return None
@@ -727,6 +738,34 @@ def _planned_members(step, root):
     return _group_members(step["state"], root)
 
 
+def network_interfaces(address, root="/"):
+    """The names of the network interfaces the kernel made of ``address`` (``/sys/bus/pci/devices/<addr>/net/``),
+    sorted; empty for a function that is no network interface (or whose driver made none)."""
+    try:
+        return sorted(os.listdir(os.path.join(pci_device_dir(address, root), "net")))
+    except (IOError, OSError, SysfsError):
+        return []
+
+
+def _network_problem(step, label, interfaces):
+    """The refusal for a function that is a network interface of the host, going to vfio with a GPU."""
+    state = step["state"]
+    if step.get("slot_of"):
+        where = ("in the PCI slot of %s, so it will most likely share its IOMMU group once the IOMMU is on and go to "
+                 "%s with it" % (step["slot_of"], step["target"]))
+    elif step.get("group_of"):
+        where = "in the IOMMU group of %s, so it goes to %s with it" % (step["group_of"], step["target"])
+    else:
+        where = "selected for %s" % step["target"]
+    named = ", ".join(interfaces)
+    return ("%s (%s:%s, class %s) is a live network interface of the host, %s (driver %s), %s: that would take %s "
+            "away from the host, with every connection over it. Leave %s on %s: give the VM a GPU whose slot (IOMMU "
+            "group) holds no function the host needs, or move the host's network to another interface first and "
+            "then disable this function (e.g. in the firmware setup)"
+            % (state["address"], state["vendor"], state["device"], state["class"], named, label, where, named,
+               named, label))
+
+
 def _bind_problems(step, allowed, root, force_boot_vga):
     """Refusals for binding one function (it is not on its target driver yet)."""
     state = step["state"]
@@ -744,7 +783,11 @@ def _bind_problems(step, allowed, root, force_boot_vga):
         problems.append("%s is the boot VGA device (the console the firmware set up); set force_boot_vga=true "
                         "to bind it anyway" % addr)
     label = driver_label(state["driver"])
-    if label not in allowed and step.get("slot_of"):
+    interfaces = network_interfaces(addr, root) if label not in allowed else []
+    if interfaces:
+        # Never the advice to allow its driver: that would take the host's interface away.
+        problems.append(_network_problem(step, label, interfaces))
+    elif label not in allowed and step.get("slot_of"):
         problems.append("%s (%s:%s, class %s) is in the PCI slot of %s, so it will most likely share its IOMMU "
                         "group once the IOMMU is on and go to %s with it, but it is bound to %s, which is not in "
                         "allowed_drivers or allowed_group_drivers (%s); add %s to allowed_group_drivers to give the "
@@ -821,6 +864,7 @@ def plan_bind(addresses, root="/", driver="auto", include_group=False, allowed_d
                 target = state["driver"] if is_vfio_driver(state["driver"]) else \
                     target_driver(state["address"], driver, root, release, aliases)
                 entries[state["address"]] = _step(state, target, "group", "bind")
+                entries[state["address"]]["group_of"] = address
                 if entries[address].get("slot"):
                     entries[state["address"]].update(slot=True, slot_of=address)
     pci_aliases = None

@@ -365,8 +365,12 @@ ansible_facts:
         nvidia_driver:
           description:
             - Which NVIDIA driver serves the host. C(loaded) and C(version) from C(/sys/module/nvidia); C(host_module)
-              the nvidia module file the running kernel's modules.dep lists (a driver installed on the host by the
-              distribution, NVIDIA's installer or DKMS), or null; C(source) is V(host) when there is such a file,
+              the file of the nvidia module the running kernel's modules.dep lists (a driver installed on the host by
+              the distribution, NVIDIA's installer or DKMS), or null. The file is known by the module's name, not its
+              own, so it is C(nvidia.ko) (also C(.xz), C(.zst), C(.gz)), a file the modprobe configuration loads for C(nvidia)
+              (C(install nvidia modprobe -i nvidia-current) or C(alias nvidia ...), as Debian's renamed
+              C(nvidia-current.ko), C(nvidia-current-open.ko) and C(nvidia-tesla-535.ko) are loaded), or an
+              uncompressed module whose C(.modinfo) says C(name=nvidia). C(source) is V(host) when there is such a file,
               V(operator) when the module is loaded without one and the GPU Operator's driver root
               C(/run/nvidia/driver) is there, V(other) when it is loaded from elsewhere, null with no NVIDIA driver.
           type: dict

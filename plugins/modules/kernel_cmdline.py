@@ -26,8 +26,15 @@ description:
   - When the change only adds arguments to what the other files give a variable, the drop-in appends them to
     that value (C(GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt")), so the arguments written by hand in
     C(/etc/default/grub) (say a C(vfio-pci.ids=) claim) stay there, where their author edits or removes them,
-    and are not copied into this module's file. Only a change that takes an argument off, or replaces a value,
-    sets the variable's full value in the drop-in.
+    and are not copied into this module's file. An argument of those files that the change takes off for good
+    (not one the record keeps to give back, so a C(vfio-pci.ids=) claim O(state=absent) removes, or an original
+    given up with O(restore=false)) is taken out of the file where it is written, that token alone, with the
+    file backed up and a warning naming it, the variable and the backup; so the drop-in still only adds to that
+    value, and what
+    the owner writes there later (a C(quiet)) takes effect. A drop-in that an earlier version set to a full value
+    this way is mended on the next run. Only a value replaced (with the record to give the original back), or an
+    argument the files do not spell out (it comes from another variable), sets the variable's full value in the
+    drop-in; the latter with a warning that later edits of that variable then do not take effect.
   - C(grubby) (RHEL 8/9 family) changes every boot entry with C(grubby --update-kernel=ALL), reads the
     result back with C(grubby --info=ALL), and keeps C(GRUB_CMDLINE_LINUX) of C(/etc/default/grub) in sync.
   - C(grub2_mkconfig) (RHEL 9.3 and later without grubby) edits C(GRUB_CMDLINE_LINUX) in
@@ -273,12 +280,13 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._bootloader import (
     BACKENDS,
+    DROPIN_NAME,
     Context,
     detect_backend,
     execute,
     reboot_required,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import RECORD_FILE
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import GRUB_DROPIN_DIR, RECORD_FILE
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     check_range,
     create_module,
@@ -308,6 +316,14 @@ def ensure(module, root="/"):
     if changed and not module.check_mode:
         backed_up = execute(ctx, plan)
     backups = [backup for _path, backup in backed_up]
+    for path, tokens in plan.owner_edits:
+        backup = [ctx.shown(saved) for backed, saved in backed_up if backed == path]
+        module.warn("%s %s out of %s, where it is written, so that %s/%s only adds to those variables and later "
+                    "edits of them in %s still take effect%s"
+                    % ("would take" if module.check_mode else "took",
+                       ", ".join("%s (%s)" % (token, name) for name, token in tokens), ctx.shown(path),
+                       GRUB_DROPIN_DIR, DROPIN_NAME, ctx.shown(path),
+                       "; the file as it was is in %s" % backup[0] if backup else ""))
     restored = ctx.restored if plan.needs_change else []
     result = {
         "changed": changed,

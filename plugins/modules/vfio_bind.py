@@ -81,7 +81,10 @@ options:
     description:
       - Also bind the other functions of each selected function's IOMMU group (the GPU's HDMI audio, USB-C
         controller, ...), so the group becomes viable. PCI bridges are left alone.
-      - Those functions may be on a driver in O(allowed_drivers) or O(allowed_group_drivers).
+      - Those functions may be on a driver in O(allowed_drivers) or O(allowed_group_drivers). One on another
+        driver that is a network interface of the host (it has C(/sys/bus/pci/devices/<address>/net/<name>)) is
+        refused as such, naming the interface, and without the advice to allow its driver, which would take the
+        interface away from the host.
       - With O(state=absent), also restore the other functions of the group that are on a vfio driver.
       - When false, a group in which another endpoint is on a host driver is refused, naming it.
     type: bool
@@ -129,6 +132,13 @@ options:
         functions it restores.
     type: bool
     default: false
+  host_claims_advice:
+    description:
+      - With O(state=present), the end of the warning about functions the host's own settings also claim for
+        vfio-pci (RV(host_claims)), that is how to give them back to their host drivers later, in the words of the caller
+        (a role names its playbook's input). Unset or empty, the warning says it in this module's words
+        (O(state=absent) with O(remove_claims=true)).
+    type: str
   remove_claims:
     description:
       - With O(state=absent), remove the claims the host makes for vfio-pci on the functions considered (the
@@ -434,11 +444,17 @@ def build_module():
             assume_slot_groups=dict(type="bool", default=False),
             persistent=dict(type="bool", default=False),
             remove_claims=dict(type="bool", default=False),
+            host_claims_advice=dict(type="str"),
             timeout=dict(type="int", default=10),
         ),
         mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
+
+
+# How a caller gives hand-made claims back, in this module's words; a role says it in its playbook's inputs.
+HOST_CLAIMS_ADVICE = ("run state=absent with remove_claims=true: it removes those claims (a vfio-pci.ids= argument "
+                      "through kernel_cmdline and a reboot)")
 
 
 def check_params(params):
@@ -620,10 +636,9 @@ def run(module, root="/", release=None):
         result["host_claims"] = host_claims(plan, root)
         if result["host_claims"]:
             module.warn("%s: these functions are also claimed for vfio-pci by the host's own settings, which this "
-                        "module leaves where they are. To give them back to their host drivers later, run "
-                        "state=absent with remove_claims=true: it removes those claims (a vfio-pci.ids= argument "
-                        "through kernel_cmdline and a reboot)"
-                        % "; ".join("%s by %s" % (c["address"], " and ".join(c["claims"])) for c in result["host_claims"]))
+                        "module leaves where they are. To give them back to their host drivers later, %s"
+                        % ("; ".join("%s by %s" % (c["address"], " and ".join(c["claims"])) for c in result["host_claims"]),
+                           (params.get("host_claims_advice") or "").strip() or HOST_CLAIMS_ADVICE))
     result["loaded_modules"] = load_drivers(module, to_load)
     if module.check_mode or not result["changed"]:
         result["devices"] = summarize(plan, root, True)

@@ -139,3 +139,21 @@ def test_preflight_checks_with_remove_claims_what_host_prepare_will_remove(monke
 def test_binding_passes_remove_claims_too_which_vfio_bind_ignores_with_state_present():
     args = module_args(variables("vm-passthrough", True, gpuops_vfio_remove_claims=True))
     assert args["state"] == "present" and args["remove_claims"] is True
+
+
+def test_a_network_interface_the_host_uses_in_the_slot_is_refused_without_the_advice_to_allow_its_driver(
+        monkeypatch, tmp_path):
+    """The hostile lab VM: an e1000 the host runs on (enp1s0f3), function 3 of the GPU's slot."""
+    tree = st.build_vfio_slot_host(tmp_path, RELEASE)
+    tree.add_function("0000:01:00.3", "8086", "100e", "020000", parent=st.SLOT_PORT, driver="e1000")
+    tree.mkdir("/sys/bus/pci/devices/0000:01:00.3/net/enp1s0f3")
+    host = make_host(monkeypatch, tree)
+    found = variables("vm-passthrough", False, gpuops_vfio_group_drivers=["uhci_hcd"])
+    kind, result = run(monkeypatch, host, module_args(found), check=True)
+    assert kind == "fail", result
+    msg = " ".join(rescue_message(found, result).split())
+    assert "is a live network interface of the host, enp1s0f3 (driver e1000)" in msg
+    assert ("A network interface the host uses would go to vfio-pci with a GPU: do not add its driver to "
+            "gpuops_vfio_group_drivers, which would take the interface away from the host.") in msg
+    assert "Either add that driver" not in msg and "add e1000" not in msg
+    assert msg.endswith("Nothing was changed.")

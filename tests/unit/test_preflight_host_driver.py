@@ -80,3 +80,24 @@ def test_a_gpu_in_mig_mode_stops_a_switch_to_a_vm_type_with_the_way_out():
     assert mig_outcome("vm-passthrough", 0)[:2] == (True, True)
     assert mig_outcome("vm-passthrough", None)[:2] == (True, True)
     assert mig_outcome("container", 7)[0] is False
+
+
+def test_debians_packaged_driver_read_by_gpu_facts_is_refused_on_a_vm_node(monkeypatch, tmp_path):
+    """Debian 12's nvidia-kernel-dkms (updates/dkms/nvidia-current.ko, loaded as nvidia): the facts gpu_facts gathers
+    on such a tree make the refusal fire, naming the renamed file."""
+    from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
+    from ansible_collections.gpuops.sandbox.tests.unit.fakes import nvidia_packages as nv
+    from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
+    from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call_main
+
+    host = st.build_gpu_host(tmp_path)
+    nv.install_debian_dkms(host, "nvidia-current")
+    kind, result = call_main(monkeypatch, gpu_facts, host.root, {})
+    assert kind == "exit", result
+    facts = result["ansible_facts"]
+    held = [gpu for gpu in facts["gpu_facts_gpus"] if gpu["driver"] == "nvidia"]
+    assert held, "the fake host has a GPU on nvidia"
+    runs, passes, message = outcome("vm-passthrough", facts["gpu_facts_host"]["nvidia_driver"], gpus=held)
+    assert runs and not passes
+    assert ("held by the NVIDIA driver installed on the host (updates/dkms/nvidia-current.ko, version %s)"
+            % nv.DEBIAN_VERSION) in message

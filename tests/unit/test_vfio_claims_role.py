@@ -152,3 +152,42 @@ def test_the_kernels_rebuild_runs_unless_the_one_kernel_is_the_running_one_and_c
     if kernels is not None:
         found["gpu_facts_host"]["kernels"] = kernels
     assert when(with_vars(found, entry), entry) is wanted
+
+
+@pytest.mark.parametrize("path, name, module_vars", [
+    ("roles/host_prepare/tasks/runtime.yml", "Bind the GPUs and their IOMMU group siblings to vfio-pci, persistently",
+     "roles/host_prepare/defaults/main.yml"),
+    ("roles/preflight/tasks/main.yml", "Check that the GPUs can be bound to vfio-pci, or given back to their host drivers",
+     "roles/preflight/defaults/main.yml"),
+])
+def test_the_warning_about_a_hand_made_claim_names_the_playbooks_input(monkeypatch, tmp_path, path, name, module_vars):
+    """vfio_bind, run with the advice the role gives it on a host claimed by hand, warns in the playbook's words."""
+    from ansible.module_utils import basic
+    from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
+    from ansible_collections.gpuops.sandbox.tests.unit.fakes.vfio_bind_host import RELEASE, make_host, run
+
+    def find(tasks):
+        for entry in tasks:
+            if entry.get("name") == name:
+                return entry
+            found = find(entry.get("block") or [])
+            if found:
+                return found
+        return None
+
+    entry = find(load(path))
+    found = dict(trusted(load(module_vars)), **trusted(entry.get("vars") or {}))
+    advice = " ".join(templar(found).template(trusted(entry["gpuops.sandbox.vfio_bind"]["host_claims_advice"])).split())
+    assert "gpuops_vfio_remove_claims=true" in advice and "state=absent" not in advice, advice
+    host = make_host(monkeypatch, st.build_vfio_gpu_host(tmp_path, RELEASE))
+    tree, _kernel = host
+    tree.set_cmdline("BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=/dev/sda1 ro intel_iommu=on iommu=pt "
+                     "vfio-pci.ids=10de:2236,10de:1aef")
+    warned = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, text: warned.append(text))
+    kind, result = run(monkeypatch, host, {"addresses": [st.A10], "include_group": True, "persistent": True,
+                                           "host_claims_advice": advice}, check=True)
+    assert kind == "exit", result
+    claimed = [w for w in warned if "claimed for vfio-pci by the host's own settings" in w]
+    assert len(claimed) == 1 and claimed[0].endswith(advice), warned
+    assert "state=absent" not in claimed[0] and " remove_claims=true" not in claimed[0]

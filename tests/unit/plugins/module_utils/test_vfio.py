@@ -165,7 +165,7 @@ def test_records_round_trip_and_reject_junk(gpu_host):
                                           '"host_modules": ["../x"]}')
     assert _vfio.read_record(st.A10, tree.root)["host_modules"] == []
     for junk in ("not json", "[]", '{"address": "0000:65:00.1", "driver": "nvidia"}',
-                 '{"address": "0000:65:00.0", "driver": "../../x y"}'):
+                 '{"address": "0000:65:00.0", "driver": "../../x y"}', "[" * 100000 + "]" * 100000):
         tree.write(_vfio.record_path(st.A10), junk)
         assert _vfio.read_record(st.A10, tree.root) is None
     tree.write(_vfio.record_path(st.A10), '{"address": "0000:65:00.0", "driver": null}')

@@ -15,6 +15,7 @@ from hypothesis import strategies as hs
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _host
 from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
+from ansible_collections.gpuops.sandbox.tests.unit.fakes import nvidia_packages as nv
 from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call_main
 
@@ -214,6 +215,74 @@ def test_a_pre_installed_driver_is_told_from_the_operators(host):
     host.mkdir("/run/nvidia/driver")
     assert _host.host_summary(host.root)["nvidia_driver"] == {
         "loaded": True, "version": "580.95.05", "host_module": None, "source": "operator"}
+
+
+# Debian 12's packaged driver: the modules are renamed (nvidia-current.ko, nvidia-current-open.ko, nvidia-tesla-535.ko)
+# and load as nvidia through the kernel-support package's modprobe file; the name inside the module stays nvidia.
+@pytest.mark.parametrize("prefix", ["nvidia-current", "nvidia-current-open", "nvidia-tesla-535"])
+def test_debians_renamed_dkms_module_is_the_hosts_driver(host, prefix):
+    nv.install_debian_dkms(host, prefix)
+    module = "updates/dkms/%s.ko" % prefix
+    assert _host.host_summary(host.root)["nvidia_driver"] == {
+        "loaded": True, "version": nv.DEBIAN_VERSION, "host_module": module, "source": "host"}
+    # Installed, not loaded (blacklisted, or before the first boot with it).
+    os.unlink(host.path("/sys/module/nvidia/version"))
+    os.rmdir(host.path("/sys/module/nvidia"))
+    assert _host.host_summary(host.root)["nvidia_driver"] == {
+        "loaded": False, "version": None, "host_module": module, "source": "host"}
+
+
+def test_debians_module_is_known_by_its_modinfo_name_without_the_modprobe_file(host):
+    nv.install_debian_dkms(host, "nvidia-current-open", modprobe_conf=False)
+    assert _host.host_summary(host.root)["nvidia_driver"]["host_module"] == "updates/dkms/nvidia-current-open.ko"
+
+
+def test_debians_module_is_known_by_the_modprobe_file_when_its_file_cannot_be_read(host):
+    nv.install_debian_dkms(host, "nvidia-tesla-535")
+    # Compressed (as trixie's DKMS writes it): .modinfo is not read, the modprobe file's install line says it.
+    dep = host.path("/lib/modules/%s/modules.dep" % nv.DEBIAN_KERNEL)
+    with open(dep) as handle:
+        text = handle.read().replace(".ko", ".ko.xz")
+    host.write("/lib/modules/%s/modules.dep" % nv.DEBIAN_KERNEL, text)
+    assert _host.host_summary(host.root)["nvidia_driver"]["host_module"] == "updates/dkms/nvidia-tesla-535.ko.xz"
+    # An older package's alias line says it as well.
+    host.write("/etc/modprobe.d/nvidia.conf", "alias nvidia nvidia-tesla-535\n")
+    assert _host.host_summary(host.root)["nvidia_driver"]["host_module"] == "updates/dkms/nvidia-tesla-535.ko.xz"
+    # Without either, a file named otherwise is not taken for the driver.
+    os.unlink(host.path("/etc/modprobe.d/nvidia.conf"))
+    assert _host.host_summary(host.root)["nvidia_driver"]["source"] == "other"
+
+
+def test_the_other_modules_of_a_flavour_are_not_the_driver(host):
+    """nvidia-current-modeset.ko and the like carry name=nvidia-modeset: alone they are no driver."""
+    nv.install_debian_dkms(host, "nvidia-current", loaded=False)
+    dep = "/lib/modules/%s/modules.dep" % nv.DEBIAN_KERNEL
+    with open(host.path(dep)) as handle:
+        lines = [line for line in handle if not line.startswith("updates/dkms/nvidia-current.ko:")]
+    host.write(dep, "".join(lines))
+    assert _host.host_summary(host.root)["nvidia_driver"]["source"] is None
+
+
+@pytest.mark.parametrize("kernel, module", [
+    ("5.14.0-427.13.1.el9_4.x86_64", "extra/nvidia.ko.xz"),                   # RHEL's kmod-nvidia
+    ("6.8.0-60-generic", "kernel/drivers/video/nvidia.ko"),                   # NVIDIA's installer
+    ("6.8.0-60-generic", "/lib/modules/6.8.0-60-generic/updates/dkms/nvidia.ko.zst"),  # an absolute path (old depmod)
+])
+def test_other_ways_of_installing_the_driver_stay_the_hosts(host, kernel, module):
+    host.write("/proc/sys/kernel/osrelease", kernel + "\n")
+    host.write("/lib/modules/%s/modules.dep" % kernel, "kernel/drivers/net/e1000e/e1000e.ko:\n%s:\n" % module)
+    assert _host.host_summary(host.root)["nvidia_driver"] == {
+        "loaded": False, "version": None, "host_module": module, "source": "host"}
+
+
+def test_a_damaged_module_file_is_read_as_no_name(host):
+    nv.install_debian_dkms(host, "nvidia-current", modprobe_conf=False)
+    for junk in (b"", b"\x7fELF", b"\x7fELF\x02\x01" + b"\xff" * 200, b"not an elf at all" * 10):
+        for suffix in nv.SUFFIXES:
+            with open(host.path("/lib/modules/%s/updates/dkms/nvidia-current%s.ko" % (nv.DEBIAN_KERNEL, suffix)),
+                      "wb") as handle:
+                handle.write(junk)
+        assert _host.host_summary(host.root)["nvidia_driver"]["source"] == "other"
 
 
 def add_mdev(tree, parent_address, uuid, type_id):

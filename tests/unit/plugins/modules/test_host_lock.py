@@ -379,6 +379,8 @@ CORRUPT = [
     (json.dumps(dict(GOOD, boot_id=None)), "boot_id None is not a text"),
     (json.dumps(dict(GOOD, expect_reboot="yes")), "expect_reboot 'yes' is not true or false"),
     ("x" * (_lock.MAX_RECORD_BYTES + 1), "it is larger than 65536 bytes"),
+    # Nested deeper than Python's parser recurses (RecursionError, not ValueError), yet within the size limit.
+    ("[" * 60000 + "]" * 5000, "it is not JSON"),
 ]
 
 

@@ -319,12 +319,17 @@ def test_ubuntu_cloudimg_dropin_is_accounted_for(tmp_path):
     result = run(host, arguments=["console=ttyS1,115200"], replace_values=False)
     assert result["changed"] is True
     assert "console=tty1 console=ttyS0 console=ttyS1,115200" in host.grub_cfg()
-    # Only one value removed
+    # Only one value removed: taken out of the cloudimg file where it is written (backed up, the owner told), so
+    # the drop-in still only adds to that file's value
     result = run(host, arguments=["console=tty1"], state="absent")
     assert result["changed"] is True
-    assert result["backup_file"].startswith(backup_prefix(host, DROPIN))
+    assert result["backup_file"].startswith(backup_prefix(host, "/etc/default/grub.d/50-cloudimg-settings.cfg"))
     with open(result["backup_file"]) as handle:
-        assert "ttyS1" in handle.read()
+        assert handle.read() == CLOUDIMG
+    assert host.read("/etc/default/grub.d/50-cloudimg-settings.cfg") == CLOUDIMG.replace("console=tty1 ", "")
+    assert 'GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} console=ttyS1,115200"' in host.read(DROPIN)
+    assert any("took console=tty1 (GRUB_CMDLINE_LINUX_DEFAULT) out of /etc/default/grub.d/50-cloudimg-settings.cfg"
+               in w for w in result["warnings"]), result["warnings"]
     cfg = host.grub_cfg()
     assert "console=tty1 " not in cfg and "console=ttyS0 console=ttyS1,115200" in cfg
     assert result["reboot_required"] is True
@@ -345,9 +350,11 @@ def test_absent_by_key_removes_every_value_and_dropin_goes_when_back_to_base(tmp
     assert result["reboot_required"] is True
     assert "intel_iommu" not in host.grub_cfg()
     assert "console=ttyS0,115200" in host.grub_cfg()
+    # the owner's intel_iommu=off is taken out where it is written, so no drop-in is needed to keep it off
+    assert host.read("/etc/default/grub") == DEBIAN_GRUB.replace(" intel_iommu=off", "")
+    assert not host.exists(DROPIN)
     # absent KEY=VALUE with another value present changes nothing
     host.write("/etc/default/grub", DEBIAN_GRUB)
-    os.unlink(host.path(DROPIN))
     assert run(host, arguments=["intel_iommu=on"], state="absent")["changed"] is False
 
 
@@ -952,7 +959,8 @@ def test_grub_dropin_kept_while_it_still_carries_another_argument(tmp_path):
 def test_hand_written_claim_stays_in_the_users_file(tmp_path):
     # A host prepared by hand before: GPUs claimed for vfio-pci with vfio-pci.ids in /etc/default/grub. Adding the
     # IOMMU arguments leaves the claim where its author wrote it (no copy in the drop-in), so their own edit of
-    # /etc/default/grub still takes effect; taking the claim off (the switch with remove_claims) sets the full value.
+    # /etc/default/grub still takes effect; taking the claim off (the switch with remove_claims) takes that token
+    # out of their file, and the drop-in still only adds to their value.
     host = Host(tmp_path)
     host.write("/etc/default/grub", DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="vfio-pci.ids=1234:11e8"'))
     host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=1 ro vfio-pci.ids=1234:11e8 console=ttyS0,115200\n")
@@ -969,17 +977,43 @@ def test_hand_written_claim_stays_in_the_users_file(tmp_path):
     assert run(host, arguments=IOMMU)["changed"] is False
     linux = host.grub_cfg().split("\n")[1].split()
     assert linux[3:] == ["ro", "iommu=pt", "console=ttyS0,115200", "intel_iommu=on"], linux
-    # with the claim back, taking it off through the module is a change of the full value
-    host.write("/etc/default/grub", DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="vfio-pci.ids=1234:11e8"'))
+    # with the claim back, taking it off through the module takes it out of the user's file, that token alone
+    host.write("/etc/default/grub", DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""',
+                                                        'GRUB_CMDLINE_LINUX="nosmt vfio-pci.ids=1234:11e8 quiet"'))
     result = run(host, arguments=["vfio-pci.ids=1234:11e8"], state="absent")
     assert result["changed"] is True, result
-    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in host.read(DROPIN)
+    assert host.read("/etc/default/grub") == DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""',
+                                                                 'GRUB_CMDLINE_LINUX="nosmt quiet"')
+    assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in host.read(DROPIN)
     assert "vfio-pci.ids" not in host.grub_cfg()
+    assert "/etc/default/grub" in result["msg"]
+    assert any(w.startswith("took vfio-pci.ids=1234:11e8 (GRUB_CMDLINE_LINUX) out of /etc/default/grub")
+               and BACKUPS in w for w in result["warnings"]), result["warnings"]
+    assert run(host, arguments=["vfio-pci.ids=1234:11e8"], state="absent")["changed"] is False
+
+
+def effective_by_dash(host):
+    """GRUB_CMDLINE_LINUX and _DEFAULT as grub-mkconfig's /bin/sh gets them: /etc/default/grub sourced, then each
+    /etc/default/grub.d/*.cfg in the shell's glob order (as Debian's grub-mkconfig does)."""
+    assert os.path.realpath("/bin/sh").endswith("dash"), "this test wants Debian's /bin/sh, dash"
+    script = ('if [ -f etc/default/grub ]; then . ./etc/default/grub; fi\n'
+              'for x in etc/default/grub.d/*.cfg; do if [ -e "$x" ]; then . "./$x"; fi; done\n'
+              'printf "%s\\n%s\\n" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"\n')
+    out = subprocess.run(["/bin/sh", "-c", script], cwd=host.root, check=True, capture_output=True, text=True).stdout
+    linux, default = out.split("\n")[:2]
+    return linux.split(), default.split()
+
+
+def effective_by_the_module(host):
+    """The same values as kernel_cmdline reads them (its reader of the files' shell)."""
+    from ansible_collections.gpuops.sandbox.plugins.module_utils import _shellvars
+    values, _assignments = _shellvars.evaluate_grub_defaults(host.root)
+    return values["GRUB_CMDLINE_LINUX"].split(), values["GRUB_CMDLINE_LINUX_DEFAULT"].split()
 
 
 def test_switch_takes_a_hand_written_claim_off_with_the_iommu_arguments_and_keeps_it_off(tmp_path):
     # The lab's switch scenario on a host claimed by hand: vm-passthrough, container (the IOMMU arguments and the
-    # claim off in one change), vm-passthrough again (the claim stays off; the owner's file still has it).
+    # claim off in one change), vm-passthrough again (the claim stays off), then the owner edits their file.
     host = Host(tmp_path)
     claimed = DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="vfio-pci.ids=1234:11e8 "')
     host.write("/etc/default/grub", claimed)
@@ -994,12 +1028,59 @@ def test_switch_takes_a_hand_written_claim_off_with_the_iommu_arguments_and_keep
     assert result["changed"] is True and result["reboot_required"] is True, result
     linux = host.grub_cfg().split("\n")[1].split()
     assert linux[3:] == ["ro", "console=ttyS0,115200", "intel_iommu=off"], linux
-    assert 'GRUB_CMDLINE_LINUX=""' in host.read(DROPIN).splitlines()
+    # the claim's token alone is out of the owner's file; no GRUB_CMDLINE_LINUX in the drop-in at all
+    assert host.read("/etc/default/grub") == claimed.replace('"vfio-pci.ids=1234:11e8 "', '""')
+    assert not host.exists(DROPIN) or "GRUB_CMDLINE_LINUX=" not in host.read(DROPIN)
     assert run(host, arguments=LEAVE + ["vfio-pci.ids=1234:11e8"], state="absent")["changed"] is False
     assert run(host, arguments=IOMMU)["changed"] is True
-    assert 'GRUB_CMDLINE_LINUX="iommu=pt"' in host.read(DROPIN).splitlines()
+    assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in host.read(DROPIN).splitlines()
     assert "vfio-pci.ids" not in host.grub_cfg()
-    assert host.read("/etc/default/grub") == claimed
+    # the owner adds quiet to their GRUB_CMDLINE_LINUX: it takes effect, for grub-mkconfig's shell and the module
+    with open(host.path("/etc/default/grub")) as handle:
+        owners = handle.read()
+    host.write("/etc/default/grub", owners.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="quiet"'))
+    for linux_args, _default in (effective_by_dash(host), effective_by_the_module(host)):
+        assert "quiet" in linux_args and "iommu=pt" in linux_args, linux_args
+        assert not any(arg.startswith("vfio-pci.ids") for arg in linux_args), linux_args
+    assert effective_by_dash(host) == effective_by_the_module(host)
+    subprocess.run([host.update_grub()], check=True)
+    assert "quiet iommu=pt" in host.grub_cfg()
+    assert run(host, arguments=IOMMU)["changed"] is False
+
+
+def test_a_frozen_dropin_of_an_earlier_version_is_mended(tmp_path):
+    # What the switch left before this was fixed: the owner's file still with the claim, the drop-in a full value.
+    host = Host(tmp_path)
+    claimed = DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="vfio-pci.ids=1234:11e8"')
+    host.write("/etc/default/grub", claimed)
+    host.write(DROPIN, '# Managed by gpuops.sandbox.kernel_cmdline; edits here are overwritten.\n'
+                       'GRUB_CMDLINE_LINUX="iommu=pt"\n'
+                       'GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} intel_iommu=on"\n')
+    host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=1 ro iommu=pt console=ttyS0,115200 intel_iommu=on\n")
+    host.update_grub()
+    assert effective_by_dash(host)[0] == ["iommu=pt"]
+    result = run(host, arguments=IOMMU)
+    assert result["changed"] is True and result["reboot_required"] is False, result
+    assert host.read("/etc/default/grub") == DEBIAN_GRUB
+    assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in host.read(DROPIN).splitlines()
+    assert effective_by_dash(host) == effective_by_the_module(host) == (
+        ["iommu=pt"], ["console=ttyS0,115200", "intel_iommu=on"])
+    assert run(host, arguments=IOMMU)["changed"] is False
+
+
+def test_a_claim_the_files_do_not_spell_out_keeps_the_full_value_with_a_warning(tmp_path):
+    host = Host(tmp_path)
+    host.write("/etc/default/grub", DEBIAN_GRUB.replace('GRUB_CMDLINE_LINUX=""',
+                                                        'CLAIM=vfio-pci.ids=1234:11e8\nGRUB_CMDLINE_LINUX="$CLAIM"'))
+    host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=1 ro vfio-pci.ids=1234:11e8 console=ttyS0,115200\n")
+    host.update_grub()
+    before = host.read("/etc/default/grub")
+    result = run(host, arguments=["vfio-pci.ids=1234:11e8"], state="absent")
+    assert result["changed"] is True
+    assert host.read("/etc/default/grub") == before
+    assert 'GRUB_CMDLINE_LINUX=""' in host.read(DROPIN).splitlines()
+    assert any("vfio-pci.ids=1234:11e8 could not be taken out" in w for w in result["warnings"]), result
+    assert effective_by_dash(host)[0] == []
 
 
 def test_distribution_dropin_with_intel_iommu_off_takes_effect_again(tmp_path):

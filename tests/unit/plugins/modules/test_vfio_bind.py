@@ -941,6 +941,13 @@ def test_preparation_names_the_hosts_own_claims_and_leaves_them(monkeypatch, hos
             {"address": st.A10_AUDIO, "claims": [cmdline % "10de:1aef"]}]
         assert len(warned) == 1 and "0000:65:00.0 by vfio-pci.ids=10de:2236" in warned[0]
         assert "remove_claims=true" in warned[0]
+    # A caller's own words for the way back (a role names its playbook's input) end the warning instead.
+    for check in (True, False):
+        warned.clear()
+        kind, result = run(monkeypatch, host, dict(args, host_claims_advice="set gpuops_x=true "), check=check)
+        assert kind == "exit" and len(warned) == 1, result
+        assert warned[0].endswith("To give them back to their host drivers later, set gpuops_x=true"), warned[0]
+        assert "remove_claims" not in warned[0]
     assert tree.read(MODPROBE) == "options vfio-pci ids=10de:2236" and kernel.driver(st.A10) == "vfio-pci"
     # Nothing claimed: nothing named, no warning.
     tree.set_cmdline("BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=/dev/sda1 ro intel_iommu=on iommu=pt")
@@ -1043,3 +1050,48 @@ def test_an_inferred_record_whose_modules_the_kernel_lost_still_names_them(monke
     kind, result = run(monkeypatch, host, {"addresses": [st.A10], "state": "absent", "remove_claims": True})
     assert kind == "exit" and [(d["after"], d["until_boot"]) for d in result["devices"]] == [(None, ["nouveau"])]
     assert kernel.driver(st.A10) is None and not os.path.exists(tree.path(A10_RECORD))
+
+
+# A network function the host uses, in the GPU's slot (the hostile lab VM's e1000 at function 3 of the GPU's slot) or
+# its IOMMU group: the refusal says it is a live interface of the host, names it, and never advises allowing its
+# driver, which would take the interface away.
+E1000 = ("8086", "100e", "020000")
+
+
+def add_host_nic(tree, address, interface, parent, iommu_group=None):
+    tree.add_function(address, *E1000, parent=parent, driver="e1000", iommu_group=iommu_group)
+    tree.mkdir("/sys/bus/pci/devices/%s/net/%s" % (address, interface))
+
+
+def test_a_live_network_interface_in_the_gpus_slot_is_refused_as_such(monkeypatch, tmp_path):
+    tree = st.build_vfio_slot_host(tmp_path, RELEASE)
+    add_host_nic(tree, "0000:01:00.3", "enp1s0f3", st.SLOT_PORT)
+    host = make_host(monkeypatch, tree)
+    args = {"include_group": True, "persistent": True, "assume_slot_groups": True,
+            "allowed_group_drivers": list(_vfio.DEFAULT_ALLOWED_GROUP_DRIVERS) + ["uhci_hcd"]}
+    kind, result = run_unchanged(monkeypatch, host, args, check=True)
+    assert kind == "fail", result
+    assert result["msg"] == (
+        "refusing to change anything: 0000:01:00.3 (8086:100e, class 020000) is a live network interface of the "
+        "host, enp1s0f3 (driver e1000), in the PCI slot of 0000:01:00.0, so it will most likely share its IOMMU group "
+        "once the IOMMU is on and go to vfio-pci with it: that would take enp1s0f3 away from the host, with every "
+        "connection over it. Leave enp1s0f3 on e1000: give the VM a GPU whose slot (IOMMU group) holds no function "
+        "the host needs, or move the host's network to another interface first and then disable this function (e.g. "
+        "in the firmware setup)")
+    assert "allowed_group_drivers" not in result["msg"] and "add e1000" not in result["msg"]
+
+
+def test_a_live_network_interface_in_the_gpus_iommu_group_is_refused_as_such(monkeypatch, tmp_path):
+    tree = st.build_vfio_gpu_host(tmp_path, RELEASE)
+    add_host_nic(tree, "0000:65:00.2", "enp101s0f2", st.A10_PORT, iommu_group=12)
+    host = make_host(monkeypatch, tree)
+    kind, result = run_unchanged(monkeypatch, host, {"addresses": [st.A10], "include_group": True}, check=True)
+    assert kind == "fail", result
+    assert ("0000:65:00.2 (8086:100e, class 020000) is a live network interface of the host, enp101s0f2 (driver "
+            "e1000), in the IOMMU group of 0000:65:00.0, so it goes to vfio-pci with it: that would take enp101s0f2 "
+            "away from the host") in result["msg"], result["msg"]
+    assert "allowed_drivers" not in result["msg"] and "add e1000" not in result["msg"]
+    # The driver allowed by the user on purpose: the interface goes, as asked.
+    args = {"addresses": [st.A10], "include_group": True, "allowed_group_drivers": ["e1000", "snd_hda_intel"]}
+    kind, result = run_unchanged(monkeypatch, host, args, check=True)
+    assert kind == "exit" and "0000:65:00.2" in [d["address"] for d in result["devices"]], result
