@@ -22,6 +22,8 @@ import json
 import re
 from collections.abc import Mapping
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+
 FACT_KEYS = ("gpu_facts_gpus", "gpu_facts_host", "gpu_facts_mdev_parents")
 REQUIRED_GPU_KEYS = ("address", "vendor", "device")
 
@@ -31,8 +33,8 @@ _CLASS_RE = re.compile(r"^(0[xX])?[0-9a-fA-F]{6}$")
 _DRIVER_SOURCES = ("host", "operator", "other")
 
 
-class _Bad(Exception):
-    """A value that is not of gpu_facts' shape: ``accepted`` says what would be."""
+class _Bad(GpuopsError):
+    """A value that is not of gpu_facts' shape: ``accepted`` says what would be (never leaves this file)."""
 
     def __init__(self, accepted):
         super().__init__(accepted)
