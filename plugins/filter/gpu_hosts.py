@@ -19,7 +19,10 @@ description:
     nodes; checked by P(gpuops.sandbox.gpu_sharing_problems#filter)), C(gpuops_node_taints) (default null, taints left alone),
     C(gpu_facts_gpus) and C(gpu_facts_mdev_parents) (facts of M(gpuops.sandbox.gpu_facts)).
   - Fails naming the host and the value for an unknown workload type, a vGPU config name that the vGPU
-    device configuration does not hold, or two hosts with the same node name.
+    device configuration does not hold, two hosts with the same node name, or GPU facts (C(gpu_facts_gpus),
+    C(gpu_facts_host), C(gpu_facts_mdev_parents), as an inventory gives them for a host the collection does not
+    read) of another shape than M(gpuops.sandbox.gpu_facts) returns; an ID written as a number of four digits
+    (a C(device) of C(2236) unquoted) is read as that ID.
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
@@ -146,6 +149,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     release_labels,
     workload_labels,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils._inventory_facts import check_facts
 from ansible_collections.gpuops.sandbox.plugins.module_utils._plugin_names import PluginNameError, read_pci_ids
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sharing import (
     DRIVER_DEPLOY_LABEL,
@@ -185,6 +189,9 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
     entries, seen = [], {}
     for hv in hostvars_list or []:
         host = hv.get("inventory_hostname")
+        facts, fact_problems = check_facts(host, hv)
+        if fact_problems:
+            raise AnsibleFilterError("; ".join(fact_problems))
         name = hv.get("gpuops_node_name") or host
         wtype = hv.get("gpuops_workload_type") or "container"
         config_name = hv.get("gpuops_vgpu_config_name") or None
@@ -205,7 +212,8 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
                 if hv.get(var):
                     labels[label] = sharing[key] = str(hv[var])
             release_to[MIG_CONFIG_LABEL] = MIG_DISABLED
-        driver = ((hv.get("gpu_facts_host") or {}).get("nvidia_driver") or {}).get("source")
+        host_facts = facts.get("gpu_facts_host") or {}
+        driver = (host_facts.get("nvidia_driver") or {}).get("source")
         if wtype in ("container", "dra"):
             # A driver installed on the host serves the node: the operator's driver container stays off it. When
             # the collection no longer asks that, the label goes back to the operator's true.
@@ -213,7 +221,7 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
                 labels[DRIVER_DEPLOY_LABEL] = "false"
             release_to[DRIVER_DEPLOY_LABEL] = "true"
         taints = hv.get("gpuops_node_taints")
-        os_release = (hv.get("gpu_facts_host") or {}).get("os") or {}
+        os_release = host_facts.get("os") or {}
         entry = {
             "host": host, "name": name, "workload_type": wtype,
             "vgpu_config_name": config_name if wtype == "vm-vgpu" else None,
@@ -225,8 +233,8 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
             "device_plugin_config": sharing.get("device_plugin_config"),
             "driver_source": driver,
             "taints": None if taints is None else list(taints),
-            "gpus": list(hv.get("gpu_facts_gpus") or []),
-            "mdev_parents": list(hv.get("gpu_facts_mdev_parents") or []),
+            "gpus": facts.get("gpu_facts_gpus") or [],
+            "mdev_parents": facts.get("gpu_facts_mdev_parents") or [],
             "os_tag": operator_os_tag(os_release.get("id"), os_release.get("version_id")),
         }
         if wtype == "container":

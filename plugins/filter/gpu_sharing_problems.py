@@ -19,14 +19,20 @@ description:
     compute and memory slices of the instances add up to no more than the GPU has; the MIG Manager has the
     final word on placement). With O(mig_strategy) V(single) a node's GPUs must get one MIG device type.
     C(gpuops_device_plugin_config) (the node's C(nvidia.com/device-plugin.config)) must be a key of
-    O(plugin_configs). Both are for C(container) nodes only.
+    O(plugin_configs). Both are for C(container) nodes only, and both are names (a list or a mapping is refused).
+  - A host's GPU facts (C(gpu_facts_gpus), C(gpu_facts_host), C(gpu_facts_mdev_parents), which an inventory gives for
+    a node the collection does not read) must have the shape M(gpuops.sandbox.gpu_facts) returns; each bad value is a
+    problem naming the host and the key (see P(gpuops.sandbox.inventory_gpu_facts#filter)).
+  - A MIG config asked of a GPU that neither the collection nor the GPU Operator's default MIG configuration knows
+    MIG profiles for (an L40S, L4, A10, ...) is refused, since such a GPU has no MIG; it is shared with time-slicing or
+    MPS.
   - Globally, the shape of O(mig_configs), O(mig_profiles), O(plugin_configs) (time-slicing and MPS, replicas
     from 2, resources the device plugin shares) and O(upgrade_policy) (the chart's C(driver.upgradePolicy)).
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
   _input:
-    description: Host variables of the GPU hosts.
+    description: Host variables of the GPU hosts (mappings, as C(map('extract', hostvars)) gives them).
     type: list
     elements: dict
     required: true
@@ -70,9 +76,17 @@ _value:
   elements: str
 """
 
+from collections.abc import Mapping
+
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sharing
+from ansible_collections.gpuops.sandbox.plugins.module_utils._inventory_facts import check_facts, shown
+
+
+def _not_a_name(value):
+    """Whether a config name given in the inventory is a list, a mapping or a boolean, which no config is named."""
+    return isinstance(value, (list, tuple, Mapping, bool))
 
 
 def sharing_problems(hostvars_list, mig_strategy="single", mig_configs=None, mig_profiles=None, plugin_configs=None,
@@ -101,15 +115,24 @@ def sharing_problems(hostvars_list, mig_strategy="single", mig_configs=None, mig
         plugin_configs = {}
     for name, config in plugin_configs.items():
         problems.extend(_sharing.check_plugin_config(name, config))
-    if plugin_config_default and plugin_config_default not in plugin_configs:
+    if plugin_config_default and _not_a_name(plugin_config_default):
+        problems.append("gpuops_device_plugin_config_default is %s, which is not the name of one of "
+                        "gpuops_device_plugin_configs; accepted: one of their names as a string (it has: %s)"
+                        % (shown(plugin_config_default), ", ".join(sorted(plugin_configs)) or "none"))
+    elif plugin_config_default and plugin_config_default not in plugin_configs:
         problems.append("gpuops_device_plugin_config_default is %r, which gpuops_device_plugin_configs does not have "
                         "(it has: %s)" % (plugin_config_default, ", ".join(sorted(plugin_configs)) or "none"))
     if upgrade_policy:
         problems.extend(_sharing.check_upgrade_policy(upgrade_policy))
     for hv in hostvars_list:
-        if not isinstance(hv, dict):
+        # A play hands each host's variables as a Mapping (ansible-core 2.19: HostVarsVars), which is not a dict.
+        if not isinstance(hv, Mapping):
             continue
         host = hv.get("inventory_hostname")
+        facts, fact_problems = check_facts(host, hv)
+        if fact_problems:
+            problems.extend(fact_problems)
+            continue
         node = hv.get("gpuops_node_name") or host
         wtype = hv.get("gpuops_workload_type") or "container"
         mig_config = hv.get("gpuops_mig_config") or None
@@ -120,11 +143,18 @@ def sharing_problems(hostvars_list, mig_strategy="single", mig_configs=None, mig
             problems.append("host %s: %s %s for container nodes, where the GPU Operator's MIG Manager and device plugin "
                             "run; this host is a %s node" % (host, " and ".join(asked), verb, wtype))
             continue
-        if mig_config and not (mig_configs and user_configs is None):
-            found, _summary = _sharing.check_mig_config(node, hv.get("gpu_facts_gpus") or [], str(mig_config),
+        if mig_config and _not_a_name(mig_config):
+            problems.append("host %s: gpuops_mig_config is %s, which is not the name of a MIG config; accepted: the "
+                            "name of one, as a string" % (host, shown(mig_config)))
+        elif mig_config and not (mig_configs and user_configs is None):
+            found, _summary = _sharing.check_mig_config(node, facts.get("gpu_facts_gpus") or [], str(mig_config),
                                                         user_configs, table, mig_strategy)
             problems.extend("host %s: %s" % (host, p) for p in found)
-        if plugin_config and plugin_config not in plugin_configs:
+        if plugin_config and _not_a_name(plugin_config):
+            problems.append("host %s: gpuops_device_plugin_config is %s, which is not the name of one of "
+                            "gpuops_device_plugin_configs; accepted: one of their names as a string (it has: %s)"
+                            % (host, shown(plugin_config), ", ".join(sorted(plugin_configs)) or "none"))
+        elif plugin_config and plugin_config not in plugin_configs:
             problems.append("host %s: gpuops_device_plugin_config is %r, which gpuops_device_plugin_configs does not "
                             "have (it has: %s)" % (host, plugin_config, ", ".join(sorted(plugin_configs)) or "none"))
     return problems

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -25,7 +26,8 @@ description:
     VFIO, MDEVS, DETAIL). VFIO is the verdict of M(gpuops.sandbox.vfio_probe) on the devices the node hands to VMs
     (C(yes), C(busy) when a VM uses some, C(NO), or C(-) when nothing was probed); the IOMMU group count is in the
     document. The detail (the
-    failed checks, or the GPUs and their drivers, then which NVIDIA driver serves the node, C(host) for one installed
+    failed checks, or the GPUs and their drivers (C(65:00.0=nvidia), C(00:03.0=(no driver)) for a function bound to
+    none), then which NVIDIA driver serves the node, C(host) for one installed
     on the host, and a container node's MIG config and device plugin config) wraps inside its own column, so no line
     is wider than O(width).
     A node without a GPU that its inventory allows (C(gpuops_gpus_optional)) reads C(no GPU found, allowed by the
@@ -97,14 +99,14 @@ def _ready(report):
 def _vfio(report):
     """The vfio_probe verdict: yes, busy (in use by a VM), NO, or - (nothing handed to VMs, or not probed)."""
     probe = report.get("vfio_probe")
-    return probe.get("verdict", "-") if isinstance(probe, dict) else "-"
+    return probe.get("verdict", "-") if isinstance(probe, Mapping) else "-"
 
 
 def _serving(report):
     """What serves a node's GPUs beyond their drivers: the NVIDIA driver's source, a container node's sharing."""
     extra = []
     if report.get("driver"):
-        version = " " + report["driver_version"] if report.get("driver_version") else ""
+        version = " %s" % (report["driver_version"],) if report.get("driver_version") else ""
         extra.append("(driver: %s%s)" % (report["driver"], version))
     if report.get("mig_config"):
         extra.append("MIG %s" % report["mig_config"])
@@ -113,10 +115,26 @@ def _serving(report):
     return extra
 
 
+# How a report writes the driver of a function bound to none (the template's rendering of null, or of a fact left out).
+_NO_DRIVER = ("None", "none", "")
+NO_DRIVER = "(no driver)"
+# Kept on one line by the wrapping of the detail column: its space is this character until the lines are made.
+_KEEP = "\x1f"
+
+
+def _gpu(entry):
+    """One "address=driver" of a report, as a person reads it: PCI domain 0000 left out ("65:00.0=nvidia" reads as
+    well and keeps a narrow column to one GPU per line), and "(no driver)" for a function bound to none."""
+    text = str(entry)
+    address, sep, driver = text.rpartition("=")
+    if sep and driver in _NO_DRIVER:
+        text = address + "=" + NO_DRIVER.replace(" ", _KEEP)
+    return text[5:] if text.startswith("0000:") else text
+
+
 def _gpus(report):
-    """The GPUs and their drivers; PCI domain 0000 left out: "65:00.0=nvidia" reads as well and keeps a narrow column
-    to one GPU per line."""
-    return " ".join(g[5:] if g.startswith("0000:") else g for g in report.get("gpus") or [])
+    """The GPUs and their drivers."""
+    return " ".join(_gpu(g) for g in report.get("gpus") or [])
 
 
 def _detail(report):
@@ -136,7 +154,7 @@ def _detail(report):
 
 
 def _rows(reports, hosts):
-    if not isinstance(reports, list) or not all(isinstance(r, dict) for r in reports):
+    if not isinstance(reports, list) or not all(isinstance(r, Mapping) for r in reports):
         raise AnsibleFilterError("readiness_table expects a list of host_verify_report dicts, got %r" % (reports,))
     if not isinstance(hosts, list):
         raise AnsibleFilterError("readiness_table: hosts must be a list of inventory names, got %r" % (hosts,))
@@ -168,7 +186,8 @@ def readiness_table(reports, hosts, width=100, lines=False):
     table = ["  ".join(name.ljust(size) for (name, dummy), size in zip(COLUMNS, sizes)) + "  DETAIL"]
     for row in rows:
         cells = [cell if len(cell) <= size else cell[:size - 1] + "~" for cell, size in zip(row[:-1], sizes)]
-        wrapped = textwrap.wrap(row[-1], detail_width, break_on_hyphens=False, break_long_words=False) or [""]
+        wrapped = [line.replace(_KEEP, " ") for line in
+                   textwrap.wrap(row[-1], detail_width, break_on_hyphens=False, break_long_words=False)] or [""]
         table.append("  ".join(cell.ljust(size) for cell, size in zip(cells, sizes)) + "  " + wrapped[0])
         table.extend(" " * left + more for more in wrapped[1:])
     ready = sum(1 for row in rows if row[2] == "yes")

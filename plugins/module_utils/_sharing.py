@@ -18,6 +18,7 @@ Each check returns a list of problems (sentences); empty means fine. Nothing her
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -72,6 +73,11 @@ for _ids, _family_table in (
         (("20b7",), _A30)):
     for _id in _ids:
         MIG_GPUS["%s:%s" % (NVIDIA, _id)] = _family_table
+
+# MIG GPUs the GPU Operator's default mig-parted configuration has (by device-filter) whose profiles the table does
+# not describe: RTX PRO 6000 Blackwell Server Edition, B300 and GB300. Any other GPU has no MIG as far as the
+# collection and the operator know (L40S, L4, A10, ...).
+MIG_UNDESCRIBED = ("10de:2bb5", "10de:3182", "10de:31c2")
 
 PROFILE_RE = re.compile(r"^[1-9][0-9]?g\.[1-9][0-9]*gb(\+[a-z]+(\.[a-z]+)?|-[a-z]+)?$")
 
@@ -215,13 +221,19 @@ def check_profiles(model, devices, what):
 def mig_gpus(gpus):
     """The GPUs among a host's ``gpu_facts_gpus`` (the functions its GPU selectors chose; bridges left out), in the
     order nvidia-smi numbers them (PCI address)."""
-    return sorted([g for g in gpus or [] if isinstance(g, dict) and not g.get("is_bridge")],
+    return sorted([g for g in gpus or [] if isinstance(g, Mapping) and not g.get("is_bridge")],
                   key=lambda g: g.get("address", ""))
 
 
-def _unknown_gpu(what, table):
-    return ("%s is not a GPU whose MIG profiles the collection knows (%s); describe it in gpuops_mig_profiles"
-            % (what, ", ".join(sorted({m["model"] for m in table.values()}))))
+def _unknown_gpu(what, node, device, table):
+    """Why a GPU the table lacks takes no MIG config: a MIG GPU whose profiles the user can describe, or one without
+    MIG at all, whose sharing is the device plugin's."""
+    if device in MIG_UNDESCRIBED:
+        return ("%s is a MIG GPU whose profiles the collection does not know (it knows %s); describe it in "
+                "gpuops_mig_profiles" % (what, ", ".join(sorted({m["model"] for m in table.values()}))))
+    return ("%s has no MIG (neither the collection nor the GPU Operator's default MIG configuration knows MIG profiles "
+            "for it), so no MIG config can partition it: give node %s no gpuops_mig_config (or %s), and to share the "
+            "GPU use time-slicing or MPS (gpuops_device_plugin_config)" % (what, node, MIG_DISABLED))
 
 
 def check_mig_config(node, gpus, config_name, user_configs, table, strategy):
@@ -260,7 +272,7 @@ def check_mig_config(node, gpus, config_name, user_configs, table, strategy):
                 problems.append("%s: no entry of MIG config %s applies to it (devices and device-filter)"
                                 % (what, config_name))
             elif device not in table and config_name != MIG_DISABLED:
-                problems.append(_unknown_gpu(what, table))
+                problems.append(_unknown_gpu(what, node, device, table))
             elif config_name != MIG_DISABLED:
                 known = sorted({table[d]["model"] for d in default_mig_configs(table)[config_name] if d in table})
                 problems.append("%s: MIG config %s is for %s only" % (what, config_name, ", ".join(known)))
@@ -268,7 +280,7 @@ def check_mig_config(node, gpus, config_name, user_configs, table, strategy):
         enabled = any(e.get("mig-enabled") for e in applying)
         model = table.get(device)
         if enabled and model is None:
-            problems.append(_unknown_gpu(what, table))
+            problems.append(_unknown_gpu(what, node, device, table))
             continue
         wanted = {}
         for entry in applying:

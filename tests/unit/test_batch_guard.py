@@ -34,7 +34,8 @@ def rolling(tmp_path, *extra, elsewhere=False):
                                        for h in HOSTS)}}
     if elsewhere:
         inventory["all"]["hosts"] = dict({"h0": {"ansible_connection": "local", "gpuops_host_managed": False,
-                                                 "gpu_facts_gpus": [{"address": "0000:00:06.0", "driver": "nvidia"}]}},
+                                                 "gpu_facts_gpus": [{"address": "0000:00:06.0", "vendor": "10de",
+                                                                     "device": "2335", "driver": "nvidia"}]}},
                                          **inventory["all"]["hosts"])
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     return ansible_playbook("-i", tmp_path / "hosts.yml", tmp_path / "play.yml", *extra)

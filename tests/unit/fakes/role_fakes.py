@@ -1,6 +1,6 @@
 """Stand-ins for what the roles talk to, for tests that run the roles for real on localhost and look for leaked
 secrets: fake commands (podman, buildah, docker, helm) that print their argv and stdin, a container registry
-(HTTPS), a Kubernetes API server and an AWX controller (HTTP).
+(HTTPS), Kubernetes API servers and an AWX controller (HTTP).
 
 Where a real peer could echo what it was sent (a command's error output, an API's validation error), the stand-in
 does echo it: whatever the role then prints of the failure shows a secret it passed on. Each server runs in a thread
@@ -279,6 +279,37 @@ class FakeKubernetes(_Server):
             return self.reply(handler, 201, sent)
         return self.reply(handler, 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
                                          "code": 404, "message": "%s not found" % path})
+
+
+class FakeKubeAccess(_Server):
+    """A Kubernetes API server that answers only what kube_access asks: its version, and every
+    SelfSubjectAccessReview allowed. Anything else is 404. ``requests`` lists ``(method, path)`` of every request, so
+    a test can show that a run stopped before it read or changed anything on the cluster."""
+
+    def __init__(self):
+        self.requests = []
+        super().__init__()
+
+    def handle(self, handler):
+        path = urllib.parse.urlsplit(handler.path).path.rstrip("/")
+        self.requests.append((handler.command, path))
+        if path == "/version":
+            return self.reply(handler, 200, {"major": "1", "minor": "35", "gitVersion": "v1.35.4", "platform": "linux/amd64"})
+        if path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" and handler.command == "POST":
+            review = json.loads(handler.body or b"{}")
+            review["status"] = {"allowed": True}
+            return self.reply(handler, 201, review)
+        return self.reply(handler, 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                                         "code": 404, "message": "%s not found" % path})
+
+    def kubeconfig(self, path):
+        """Write a kubeconfig for this server to ``path``; return it."""
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump({"apiVersion": "v1", "kind": "Config", "current-context": "fake",
+                       "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                       "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                       "users": [{"name": "fake", "user": {"token": "fake-token"}}]}, handle)
+        return str(path)
 
 
 class FakeAwx(_Server):

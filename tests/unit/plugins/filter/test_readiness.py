@@ -130,3 +130,28 @@ def test_a_node_without_a_gpu_is_not_ready_unless_its_inventory_allows_it():
 def test_bad_input_is_named(reports, hosts, lines):
     with pytest.raises(AnsibleFilterError, match="readiness_table"):
         readiness_table(reports, hosts, lines=lines)
+
+
+def test_a_function_without_a_driver_says_so():
+    """host_verify writes a function bound to no driver as "0000:00:03.0=None" (the template's null); a node whose
+    inventory gives a GPU without its driver, as "=none". The table says what that means (issue 43)."""
+    lab = dict(READY, host="lab", gpus=["0000:00:03.0=None", "0000:00:04.0=vfio-pci"])
+    other = {"host": "other", "workload_type": "container", "managed": False, "ready": None, "mdevs": "-",
+             "gpus": ["0000:00:06.0=none"], "checks": []}
+    table = readiness_table([lab, other], ["lab", "other"], width=200)
+    rows = {line.split()[0]: line for line in table.split("\n")[1:-1]}
+    assert rows["lab"].endswith("  00:03.0=(no driver) 00:04.0=vfio-pci"), table
+    assert rows["other"].endswith("  host managed elsewhere: 00:06.0=(no driver)"), table
+    assert "None" not in table and "=none" not in table
+    # Narrow, the column has one GPU a line: "(no driver)" is not cut in two.
+    narrow = readiness_table([lab], ["lab"], width=67).split("\n")
+    assert [line.strip() for line in narrow[1:-1]][1:] == ["00:04.0=vfio-pci"]
+    assert narrow[1].endswith("  00:03.0=(no driver)"), narrow
+
+
+def test_a_driver_version_that_is_not_text_does_not_break_the_table():
+    """A report a play wrote from an inventory's numeric version (550.54) reads as the number."""
+    other = {"host": "other", "workload_type": "container", "managed": False, "ready": None, "mdevs": "-",
+             "gpus": ["0000:00:06.0=nvidia"], "driver": "host", "driver_version": 550.54, "checks": []}
+    row = readiness_table([other], ["other"], width=200).split("\n")[1]
+    assert row.split()[5:] == ["host", "managed", "elsewhere:", "00:06.0=nvidia", "(driver:", "host", "550.54)"]
