@@ -90,7 +90,8 @@ def at_lab_priority(cmd):
     return list(cmd)
 
 
-def pytest_configure(config):  # pylint: disable=unused-argument
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slice(name): a deep slice of the tier")
     BOOSTED["on"] = os.environ.get("GPUOPS_TEST_BOOST", "1") != "0" and boost_priority()
 
 
