@@ -71,8 +71,7 @@ import yaml
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._chart_values import (as_given, defaulted_problems,
-                                                                                    unknown_keys)
+from ansible_collections.gpuops.sandbox.plugins.module_utils._chart_values import as_given, defaulted_problems, unknown_keys
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
