@@ -298,6 +298,6 @@ def test_the_dra_driver_upgrade_applies_its_crds_first(lab):
     for name in DRA_CRDS:
         crd = kget(api, "crd", name, "--show-managed-fields")
         assert "gpuops-sandbox" in [m["manager"] for m in crd["metadata"]["managedFields"] if m["operation"] == "Apply"]
-        path = os.path.join(NEW_DRA, "crds", "resource.nvidia.com_%s.yaml" % name.split(".")[0])
+        path = os.path.join(NEW_DRA, "crds", "resource.nvidia.com_%s.yaml" % name.split(".", maxsplit=1)[0])
         with open(path, encoding="utf-8") as handle:
             assert crd["spec"]["versions"][0]["schema"] == yaml.safe_load(handle)["spec"]["versions"][0]["schema"]
