@@ -14,6 +14,8 @@ new chart's CRDs itself before it upgrades a release. What that needs decided, a
   back).
 - :func:`schema_problems`: the fields of stored objects that the new CRDs' schemas do not know, which the API server
   would prune once the new CRD is in place; and versions the new CRDs no longer serve that objects are stored in.
+- :func:`crd_apply_plan`: which of the chart's CRDs to apply: those the cluster lacks or holds differently, except
+  those another Helm release's chart carries (:func:`release_crds` reads them from a release's record).
 - :func:`values_not_stored`: after the upgrade, the values of the rendered objects that the stored ones lack or
   hold differently (what the API server pruned).
 
@@ -135,7 +137,8 @@ def upgrade_plan(history, chart, release, namespace, allow_downgrade=False, pend
     plan["change"] = ("downgrade", "same", "upgrade")[order + 1]
     if order < 0 and not allow_downgrade:
         problems.append("Chart %s %s is older than %s, which release %s runs: that is a downgrade. Set %s=true to "
-                        "downgrade on purpose (the CRDs stay the newer ones)"
+                        "downgrade on purpose (the chart's CRDs are then applied where they differ from the cluster's, after "
+                        "checking the stored objects keep every field)"
                         % (name, target, installed, where, names["allow_downgrade"]))
     return plan
 
@@ -292,3 +295,90 @@ def values_not_stored(rendered, stored):
         if found:
             problems.append("%s: %s" % (where, "; ".join(found)))
     return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Which of the chart's CRDs to apply
+# ---------------------------------------------------------------------------------------------
+
+def covered(want, have):
+    """Whether every value of ``want`` (a chart's CRD spec) is in ``have`` (the stored one, to which the API server
+    adds its defaults): maps key by key, lists of the same length element by element, other values equal."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and covered(v, have[k]) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(covered(w, h) for w, h in zip(want, have))
+    return want == have
+
+
+def release_crds(record):
+    """What a Helm release record (the JSON Helm stores in its release Secret, decoded) says of the CRDs its chart
+    carries: ``{"release": "<namespace>/<name>", "chart": "<name>-<version>", "crds": [names]}``, the names read from
+    the files under the chart's ``crds/`` (the chart's own; Helm does not store its subcharts' in the record)."""
+    import base64
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    chart = (record or {}).get("chart") or {}
+    meta = chart.get("metadata") or {}
+    names = []
+    for entry in chart.get("files") or []:
+        if not isinstance(entry, dict) or not str(entry.get("name") or "").startswith("crds/"):
+            continue
+        try:
+            text = base64.b64decode(entry.get("data") or "").decode("utf-8")
+            docs = list(yaml.load_all(text, Loader=loader))  # nosec B506 - a safe loader
+        except (ValueError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        for doc in docs:
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                name = (doc.get("metadata") or {}).get("name")
+                if name:
+                    names.append(str(name))
+    return {"release": "%s/%s" % (record.get("namespace") or "", record.get("name") or ""),
+            "chart": "%s-%s" % (meta.get("name") or "?", meta.get("version") or "?"), "crds": names}
+
+
+def decode_release(data):
+    """The release record of a Helm release Secret's ``data.release`` (base64 of base64 of gzipped JSON)."""
+    import base64
+    import gzip
+    import json
+
+    raw = base64.b64decode(base64.b64decode(data))
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw.decode("utf-8"))
+
+
+def crd_apply_plan(new_crds, stored_crds, others=None):
+    """Which of ``new_crds`` (the chart's CRDs) to apply, whatever the order of the chart versions.
+
+    ``stored_crds`` are those the cluster holds (by name); ``others`` what :func:`release_crds` says of the other
+    Helm releases on the cluster. A CRD the cluster lacks is applied (Helm installs only on a first install); one the
+    cluster holds as the chart has it is left (up to date); one that differs is applied, unless another release's
+    chart carries it too: that CRD is that release's, left to it. Returns ``{"apply": [CRDs], "left": [{"name",
+    "reason"}], "differ": [names of those that differ, applied or not]}``."""
+    stored = {(c.get("metadata") or {}).get("name"): c for c in stored_crds or [] if isinstance(c, dict)}
+    owners = {}
+    for other in others or []:
+        for name in other.get("crds") or []:
+            owners.setdefault(name, []).append("%s (chart %s)" % (other.get("release"), other.get("chart")))
+    plan = {"apply": [], "left": [], "differ": []}
+    for crd in new_crds or []:
+        name = (crd.get("metadata") or {}).get("name")
+        have = stored.get(name)
+        if have is None:
+            plan["apply"].append(crd)
+            continue
+        if covered(crd.get("spec") or {}, have.get("spec") or {}):
+            plan["left"].append({"name": name, "reason": "up to date"})
+            continue
+        plan["differ"].append(name)
+        if name in owners:
+            plan["left"].append({"name": name, "reason": "the chart of Helm release %s carries it too, and its copy "
+                                                         "is on the cluster: left to that release"
+                                                         % " and ".join(sorted(owners[name]))})
+            continue
+        plan["apply"].append(crd)
+    return plan

@@ -79,6 +79,8 @@ SLICES = {
             "operator labels stuck by a paused node are named and repaired only with consent (test_73)",
             "a node with GPU VMs is not drained (test_74)",
             "chart upgrades: CRDs first, values kept, downgrades refused, a killed upgrade rolled back (test_76)",
+            "chart values checked against the chart, maxUnavailable 0 kept, another release's CRDs left alone, CRDs "
+            "compared whatever the version order (test_77)",
             "the execution environment's context, the docs site and galaxy-importer (test_80)",
         ],
         "paths": ["roles/gpu_operator/*", "roles/dra_driver/*", "roles/cluster_nodes/*", "roles/cluster_validate/*",

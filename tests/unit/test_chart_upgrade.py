@@ -134,7 +134,8 @@ def test_a_downgrade_is_refused_unless_allowed():
     assert found["change"] == "downgrade"
     assert found["problems"] == [
         "Chart gpu-operator v1.0.0-devel is older than v25.10.1, which release gpu-operator/gpu-operator runs: that is a "
-        "downgrade. Set gpu_operator_allow_downgrade=true to downgrade on purpose (the CRDs stay the newer ones)"]
+        "downgrade. Set gpu_operator_allow_downgrade=true to downgrade on purpose (the chart's CRDs are then applied where "
+        "they differ from the cluster's, after checking the stored objects keep every field)"]
     assert plan(history, version="v1.0.0-devel", allow_downgrade=True)["problems"] == []
 
 
