@@ -4,6 +4,7 @@
 """The tarball `ansible-galaxy collection build` makes holds the collection and nothing of the checkout's test and
 development machinery (galaxy.yml's build_ignore), and it installs into an empty path where its modules run."""
 
+import ast
 import glob
 import json
 import os
@@ -12,6 +13,8 @@ import sys
 import tarfile
 
 import pytest
+import yaml
+from ansible.module_utils.compat.version import LooseVersion as Version
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
@@ -56,7 +59,7 @@ def checkout_files(top):
             rel = os.path.relpath(root, top)
             if rel == "changelogs/fragments" or rel.startswith("changelogs/fragments/"):
                 continue
-            found.update(os.path.join(rel, f) for f in files if not f.endswith((".pyc", ".pyo")))
+            found.update(os.path.join(rel, f) for f in files if not f.endswith((".pyc", ".pyo")) and f[0] != ".")
     return found
 
 
@@ -89,7 +92,8 @@ def test_tarball_has_the_parts_a_user_needs(built):
     _tarball, files = built
     for name in SHIPPED_FILES + GENERATED + ("meta/runtime.yml", "meta/execution-environment.yml",
                                              "playbooks/site.yml", "plugins/modules/vfio_bind.py",
-                                             "inventories/example/hosts.yml", "changelogs/config.yaml"):
+                                             "inventories/example/hosts.yml", "changelogs/config.yaml",
+                                             "changelogs/changelog.yaml"):
         assert name in files
     for part in ("plugins/module_utils/", "plugins/filter/", "roles/host_prepare/tasks/",
                  "roles/gpu_operator/meta/argument_specs.yml", "docs/docsite/rst/"):
@@ -120,3 +124,53 @@ def test_tarball_installs_into_an_empty_path_and_its_modules_run(built, tmp_path
                cwd=str(tmp_path), env=env)
     assert "localhost | SUCCESS" in proc.stdout, proc.stdout
     assert '"gpu_facts_gpus"' in proc.stdout
+
+
+def versions_added(node, where):
+    """(where, version) of every version_added in a plugin's documentation, options and suboptions included."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "version_added":
+                yield where, str(value)
+            else:
+                yield from versions_added(value, where + "." + str(key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from versions_added(value, "%s[%d]" % (where, index))
+
+
+def plugin_docs():
+    """(path, DOCUMENTATION parsed) of every module and plugin that has one."""
+    for root, _dirs, files in os.walk(os.path.join(TOP, "plugins")):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            with open(path, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read(), path)
+            for stmt in tree.body:
+                if (isinstance(stmt, ast.Assign) and [getattr(t, "id", None) for t in stmt.targets] == ["DOCUMENTATION"]
+                        and isinstance(stmt.value, ast.Constant)):
+                    yield os.path.relpath(path, TOP), yaml.safe_load(stmt.value.value)
+
+
+def test_version_added_names_a_release_or_the_next_one():
+    """galaxy.yml's version is the newest release of changelogs/changelog.yaml (make release moves both), and every
+    version_added is a release or newer than the newest (a plugin added since, which the next release lists)."""
+    with open(os.path.join(TOP, "galaxy.yml"), encoding="utf-8") as handle:
+        version = yaml.safe_load(handle)["version"]
+    with open(os.path.join(TOP, "changelogs", "changelog.yaml"), encoding="utf-8") as handle:
+        releases = set(yaml.safe_load(handle)["releases"])
+    newest = max(releases, key=Version)
+    assert version == newest, "galaxy.yml says %s, the newest release in changelogs/changelog.yaml is %s" % (
+        version, newest)
+    docs = list(plugin_docs())
+    assert len(docs) > 30
+    wrong = []
+    for path, doc in docs:
+        if doc.get("version_added") is None and path.split(os.sep)[1] != "doc_fragments":
+            wrong.append((path, "no version_added"))
+        for where, added in versions_added(doc, path):
+            if added not in releases and Version(added) <= Version(newest):
+                wrong.append((where, added))
+    assert wrong == [], "version_added must be a release (%s) or newer than %s" % (sorted(releases), newest)
