@@ -30,7 +30,8 @@ if V(version) <= V(current):
     problems.append("VERSION %s is not newer than galaxy.yml's version %s" % (version, current))
 if version in releases:
     problems.append("%s is already released in changelogs/changelog.yaml" % version)
-fragments = [f for f in sorted(os.listdir("changelogs/fragments")) if f.endswith((".yml", ".yaml"))]
+fragments = [f for f in sorted(os.listdir("changelogs/fragments") if os.path.isdir("changelogs/fragments") else [])
+             if f.endswith((".yml", ".yaml"))]
 if not fragments:
     problems.append("changelogs/fragments/ has no fragment: nothing to release")
 elif not any("release_summary" in (yaml.safe_load(open(os.path.join("changelogs/fragments", f))) or {})
