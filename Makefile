@@ -23,7 +23,7 @@ KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 
 .PHONY: venv hostdeps lab lab-image lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator operator-build test \
 	checks checks-beside lint sanity unit integration \
-	molecule bench bench-modules bench-hosts bench-cluster bench-guest validate build release docs galaxy-import clean
+	molecule bench bench-modules bench-hosts bench-cluster bench-guest validate build release test-cores docs galaxy-import clean
 
 # Python keeps the bytecode of what it imports (under __pycache__, git-ignored) only when PYTHONDONTWRITEBYTECODE is
 # unset. Some machines set it for every process: then every ansible-playbook, module and worker compiled ansible,
@@ -171,6 +171,11 @@ build: venv
 # builds the tarball into .build/dist. It commits nothing.
 release: venv
 	scripts/release.sh "$(VERSION)"
+
+# Sanity and the unit tier on each ansible-core meta/runtime.yml claims (2.17, 2.18, 2.19; CORES="2.17" picks),
+# each in its own cached virtualenv under .build/cores/ (scripts/test-cores.sh). No lab; a deep slice of the tests.
+test-cores: venv
+	scripts/test-cores.sh $(CORES)
 
 # The documentation site (antsibull-docs + Sphinx) into .build/docs/html, and galaxy-importer's verdict on
 # the built collection; each in a virtualenv of its own under .build/. Both also run in `make integration`.
