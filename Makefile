@@ -25,7 +25,7 @@ KUBE_TEST_STATES = $(KUBE_TEST_STATE) $(wildcard $(KUBE_TEST_STATE)-*)
 .PHONY: venv hostdeps lab lab-image lab-stop lab-status lab-reset kube kube-binaries kube-stop kube-status site operator operator-build test \
 	test-full \
 	checks checks-beside lint sanity unit integration \
-	molecule bench bench-modules bench-hosts bench-cluster bench-guest validate build docs galaxy-import clean
+	molecule bench bench-modules bench-hosts bench-cluster bench-guest validate build release test-cores docs galaxy-import clean
 
 # Python keeps the bytecode of what it imports (under __pycache__, git-ignored) only when PYTHONDONTWRITEBYTECODE is
 # unset. Some machines set it for every process: then every ansible-playbook, module and worker compiled ansible,
@@ -176,6 +176,17 @@ validate: lab kube
 build: venv
 	mkdir -p .build/dist
 	ansible-galaxy collection build --force --output-path .build/dist
+
+# Cut a release (CONTRIBUTING.md): `make release VERSION=1.1.0` checks the changelog fragments and the plugins'
+# version_added, sets galaxy.yml's version, releases the fragments into CHANGELOG.rst with antsibull-changelog and
+# builds the tarball into .build/dist. It commits nothing.
+release: venv
+	scripts/release.sh "$(VERSION)"
+
+# Sanity and the unit tier on each ansible-core meta/runtime.yml claims (2.17, 2.18, 2.19; CORES="2.17" picks),
+# each in its own cached virtualenv under .build/cores/ (scripts/test-cores.sh). No lab; a deep slice of the tests.
+test-cores: venv
+	scripts/test-cores.sh $(CORES)
 
 # The documentation site (antsibull-docs + Sphinx) into .build/docs/html, and galaxy-importer's verdict on
 # the built collection; each in a virtualenv of its own under .build/. Both also run in `make integration`.

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: chart_crds
 short_description: The CRDs of a chart's crds/ directories, from the output of helm template --include-crds
-version_added: 0.5.0
+version_added: 1.0.0
 description:
   - Helm installs the files under a chart's C(crds/) directories (its own and those of the subcharts the values
     enable) on the first install only, and never upgrades them. Takes the text C(helm template --include-crds)

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: chart_upgrade_plan
 short_description: What moving a Helm release to a chart version means, and what stops it
-version_added: 0.5.0
+version_added: 1.0.0
 description:
   - Takes the history of a Helm release (the list C(helm history --output json) prints; empty when there is no such
     release) and the C(Chart.yaml) of the chart about to be installed, and says whether this is an install, the same

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: crd_upgrade_problems
 short_description: What applying a chart's newer CRDs would lose of the objects the cluster stores
-version_added: 0.5.0
+version_added: 1.0.0
 description:
   - Before a chart's CRDs are applied over the ones the cluster holds, checks each stored custom resource against
     the new CRD's C(openAPIV3Schema) for the object's version. A field of a stored object that the new schema does

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: device_owner
 short_description: Who binds a node's GPUs to vfio-pci, or creates its vGPU devices, the host or the GPU Operator
-version_added: 0.5.0
+version_added: 1.0.0
 description:
   - The one rule for C(gpuops_vfio_binding) and C(gpuops_vgpu_devices), read by the preflight, host_prepare and
     host_verify roles, so that the preparation and the readiness checks never disagree on who owns the devices.

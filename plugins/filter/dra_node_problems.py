@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: dra_node_problems
 short_description: What each DRA node still lacks from the DRA driver
-version_added: 0.3.0
+version_added: 1.0.0
 description:
   - Takes the entries of P(gpuops.sandbox.gpu_hosts#filter) and returns, for every C(dra) host's node, the list
     of what it lacks; an empty list means the node is ready.

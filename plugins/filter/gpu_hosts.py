@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: gpu_hosts
 short_description: What the cluster side needs to know of each GPU host, from its host variables and facts
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Takes the host variables of the GPU hosts (C(groups['gpu_nodes'] | map('extract', hostvars))) and
     returns one entry per host with its Kubernetes node name, workload type, vGPU config, the labels

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: gpu_node_labels
 short_description: The GPU Operator labels of a node for its workload type
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Returns the labels the collection manages on a GPU node, for M(gpuops.sandbox.node_labels).
     Labels that must not be there have a null value, so a node that changes workload type loses the

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: gpu_sharing_problems
 short_description: What is wrong with the GPU sharing and driver upgrade settings of container nodes
-version_added: 0.3.0
+version_added: 1.0.0
 description:
   - Checks the inventory's GPU sharing settings before anything changes and returns one sentence per problem
     (empty when all is well). Each sentence names the host, the GPU and the value, and what would be accepted.

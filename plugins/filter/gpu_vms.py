@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 ---
 name: gpu_vms
 short_description: The running KubeVirt VMs on a node that hold GPUs (they cannot live-migrate)
-version_added: 0.4.0
+version_added: 1.0.0
 description:
   - Takes VirtualMachineInstance objects (from M(kubernetes.core.k8s_info)) and a node name, and returns one entry
     per VMI that runs on that node (C(status.nodeName)), is not finished (phase not C(Succeeded) or C(Failed)),

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: helm_foreign_objects
 short_description: Objects a chart would create that already exist outside the Helm release
-version_added: 0.3.0
+version_added: 1.0.0
 description:
   - Helm refuses to install a release over an object that already exists unless the object carries the
     release's ownership marks (label C(app.kubernetes.io/managed-by=Helm), annotations

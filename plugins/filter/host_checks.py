@@ -21,7 +21,7 @@ DOCUMENTATION = r"""
 ---
 name: host_checks
 short_description: The checks of a prepared GPU node against its workload type
-version_added: 0.4.0
+version_added: 1.0.0
 description:
   - Takes the facts of M(gpuops.sandbox.gpu_facts) (C(gpu_facts_gpus), C(gpu_facts_iommu), C(gpu_facts_host)) and what the
     host was prepared for, and returns the checks of the role R(gpuops.sandbox.host_verify,

@@ -14,7 +14,7 @@ DOCUMENTATION = r"""
 ---
 name: input_problems
 short_description: Check role inputs that an argument spec cannot bound (seconds, counts, Helm durations)
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - A role's argument spec checks that a timeout is an integer, but accepts 0, negative numbers and
     booleans (a boolean is an integer to Python), and a Helm duration is just a string to it. This filter

@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 ---
 name: readiness_document
 short_description: The readiness of the GPU nodes as one document, for a JSON file or monitoring
-version_added: 0.4.0
+version_added: 1.0.0
 description:
   - Takes what P(gpuops.sandbox.readiness_table#filter) takes and returns a dict with C(nodes) (every GPU
     node's C(host_verify_report), or C(ready=false, checked=false) for a node without one), C(ready) (how

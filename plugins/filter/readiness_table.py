@@ -18,7 +18,7 @@ DOCUMENTATION = r"""
 ---
 name: readiness_table
 short_description: The readiness of the GPU nodes as a plain-text table that fits a terminal
-version_added: 0.4.0
+version_added: 1.0.0
 description:
   - Takes the C(host_verify_report) facts of the GPU nodes (see the role R(gpuops.sandbox.host_verify,
     ansible_collections.gpuops.sandbox.host_verify_role)) and the names of all GPU nodes, and returns one

@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 ---
 name: stuck_operator_labels
 short_description: Deploy labels left at a paused-for-* value with no manager working on the node
-version_added: 0.5.0
+version_added: 1.0.0
 description:
   - While the GPU Operator's MIG Manager or vGPU Device Manager reconfigures a node, it sets the node's
     C(nvidia.com/gpu.deploy.<operand>) labels of the GPU clients to C(paused-for-mig-change) or

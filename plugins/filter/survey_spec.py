@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: survey_spec
 short_description: Derive an AWX job template survey from the argument specs of the roles a playbook runs
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Turns the options of roles (as the P(gpuops.sandbox.role_specs#lookup) lookup returns them) into an
     AWX / Automation Platform survey spec, the value of the C(survey_spec) option of

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: values_not_stored
 short_description: The values of rendered objects that the API server did not keep
-version_added: 0.5.0
+version_added: 1.0.0
 description:
   - Compares the objects a chart rendered (what Helm sent) with the same objects read back from the cluster, and
     names every value the stored object lacks or holds differently. The API server prunes a field its stored

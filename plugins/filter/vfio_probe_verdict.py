@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 ---
 name: vfio_probe_verdict
 short_description: Turn a vfio_probe result into a readiness check and a one-word verdict
-version_added: 0.5.0
+version_added: 1.0.0
 description:
   - Takes the registered result of M(gpuops.sandbox.vfio_probe) (run with C(fail_on_problem=false)) and returns
     C(verdict) (C(yes) every device was taken, C(busy) some are in use by a VM and none failed, C(NO) at least

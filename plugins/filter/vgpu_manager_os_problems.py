@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: vgpu_manager_os_problems
 short_description: What keeps the vGPU Manager image from fitting the OS of the vm-vgpu nodes
-version_added: 0.3.0
+version_added: 1.0.0
 description:
   - The GPU Operator runs one vgpu-manager DaemonSet whose image tag is the driver version plus C(-<ID><VERSION_ID>)
     of one GPU node it lists (the major version only for C(rhel), C(rocky) and C(ol)). Takes the entries of

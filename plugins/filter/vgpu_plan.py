@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: vgpu_plan
 short_description: Turn a vGPU Device Manager configuration into the VFs and vGPU devices of one host
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Takes the host's facts from M(gpuops.sandbox.gpu_facts) and a configuration in the format of the NVIDIA
     vGPU Device Manager's C(config.yaml) (C(version), C(vgpu-configs)), and returns what the host needs - the

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: workload_type_of
 short_description: The workload type of a host, given or from its inventory groups
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - The one rule that works out a GPU node's workload type, for the roles and playbooks that need it.
   - The type given (the host's C(gpuops_workload_type)) wins when it is not empty. Otherwise the host's groups

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: workload_types
 short_description: The workload types of GPU nodes, or those of one kind
-version_added: 0.3.0
+version_added: 1.0.0
 description:
   - The one list of workload types the roles and playbooks test against, so that a type is added or regrouped in
     one place.

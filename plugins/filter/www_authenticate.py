@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: www_authenticate
 short_description: Parse an HTTP WWW-Authenticate challenge, such as a container registry's
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Parses the first challenge of an HTTP C(WWW-Authenticate) header (RFC 7235) into its scheme and
     parameters. Container registries answer C(/v2/) with C(Basic realm=...) (htpasswd) or

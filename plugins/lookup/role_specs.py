@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: role_specs
 short_description: The argument specs and defaults of the collection roles that a playbook runs
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Reads each playbook and finds the roles of this collection that it runs, in order of first use,
     from its plays' C(roles), C(import_role) and C(include_role) tasks (inside blocks too), C(import_playbook)

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: dra_blockers
 short_description: Find (and, when allowed, stop) what keeps the DRA driver from moving a GPU to vfio-pci
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - On a C(dra) node the DRA driver's kubelet plugin moves a GPU from the C(nvidia) driver to C(vfio-pci) when a
     VM's claim is prepared. The move hangs while any process on the host holds one of the C(/dev/nvidia*) nodes

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: gpu_facts
 short_description: Gather facts about the GPUs (and other PCI functions) of a host from sysfs
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Reads C(/sys/bus/pci/devices) and returns, for each selected PCI function, its vendor, device,
     subsystem and class IDs, the names from the host's C(pci.ids), the driver it is bound to and its

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: guest_attach_probe
 short_description: Start a real guest with the given GPUs, functions and mediated devices passed through, and show what it sees
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Starts one QEMU guest with each given PCI function (C(-device vfio-pci,host=<address>)) and mediated device
     (C(-device vfio-pci,sysfsdev=/sys/bus/mdev/devices/<uuid>)) passed through, and reports, per device, what the

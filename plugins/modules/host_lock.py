@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: host_lock
 short_description: Hold a host-side lock for the duration of a GPU host preparation
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Keeps two preparations of the same host (a scheduled AWX job and a person, say) from interleaving. The lock is
     the record C(/var/lib/gpuops/lock.json) on the host, a JSON object with C(run_id), C(owner), C(started),

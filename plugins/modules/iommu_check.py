@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: iommu_check
 short_description: Check that a host's IOMMU and the IOMMU groups of its GPUs are ready for passthrough
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Reports, as data a play can branch on, the CPU virtualisation flag (C(vmx)/C(svm)), the IOMMU ACPI
     table of the firmware (C(DMAR) or C(IVRS)), whether the kernel enabled the IOMMU (IOMMU groups

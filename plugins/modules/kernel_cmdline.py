@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: kernel_cmdline
 short_description: Ensure kernel command-line arguments are present or absent in the boot configuration
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Adds, replaces or removes kernel arguments such as C(intel_iommu=on), C(iommu=pt) or
     C(vfio-pci.ids=10de:2236) in the persistent boot configuration, then regenerates it.

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: kernel_modules
 short_description: Keep kernel module configuration for boot (blacklists, options, softdeps, initramfs)
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Manages one named set of kernel module settings that take effect at boot, in files of its own
     (never editing files it does not own).

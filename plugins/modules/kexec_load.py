@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: kexec_load
 short_description: Load the kernel the boot loader boots next with kexec, for a reboot without firmware POST
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Works out, without changing anything, the boot entry the boot loader boots next (its kernel, initramfs and
     command line, as the boot configuration now holds them), and loads it with C(kexec --load), so that

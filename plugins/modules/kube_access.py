@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: kube_access
 short_description: Check that the API server is reachable, accepts the credentials and allows what a play will do
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Reads the server version (which proves the server is reachable and accepts the kubeconfig's
     credentials), then asks the server, through one SelfSubjectAccessReview per entry of

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: kubevirt_host_devices
 short_description: Permit the GPUs the hosts have in the KubeVirt CR and turn on the feature gates they need
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Builds C(spec.configuration.permittedHostDevices) of the KubeVirt CR from the facts
     M(gpuops.sandbox.gpu_facts) gathered on the GPU hosts, instead of looking PCI IDs up by hand.

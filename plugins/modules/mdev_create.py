@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: mdev_create
 short_description: Create and remove mediated devices and NVIDIA vendor-specific vGPUs
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Creates or removes mediated devices (mdev) of one type on one or more parents, for example
     C(nvidia-692) (C(NVIDIA A100-4C)) on the SR-IOV VFs of an A100, or C(mtty-1) on the kernel's

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: node_labels
 short_description: Set labels and taints on many Kubernetes nodes with one list and only the patches needed
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Lists the cluster's nodes once (in pages), works out for every given node which labels and
     taints differ from what is wanted, and sends one JSON merge patch per node that differs, several

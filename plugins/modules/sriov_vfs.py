@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: sriov_vfs
 short_description: Enable or disable SR-IOV virtual functions on a PCI physical function
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Sets the number of SR-IOV virtual functions (VFs) of a physical function (PF) through
     C(/sys/bus/pci/devices/<PF>/sriov_numvfs), and optionally C(sriov_drivers_autoprobe).

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: vfio_bind
 short_description: Bind PCI functions (by default NVIDIA GPUs) to vfio-pci for passthrough, and back
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - With O(state=present), binds the selected PCI functions to C(vfio-pci), or to the vfio-pci variant
     driver the kernel offers for the device (found by matching the device C(modalias) against the

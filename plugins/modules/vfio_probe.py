@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: vfio_probe
 short_description: Prove that a VMM can take each GPU, vGPU and mediated device handed to VMs
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - For every device that the host hands to VMs, makes the kernel calls a VMM (QEMU under libvirt or
     KubeVirt's virt-launcher) makes to take it, and undoes them at once, so C(ready) is shown rather than

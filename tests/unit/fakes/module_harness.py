@@ -8,11 +8,19 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from unittest import mock
 
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
+
+try:
+    from ansible.module_utils.testing import patch_module_args
+except ImportError:  # ansible-core before 2.19 (scripts/test-cores.sh): the arguments as AnsibleModule reads them
+    @contextlib.contextmanager
+    def patch_module_args(args=None):
+        with mock.patch.object(basic, "_ANSIBLE_ARGS", json.dumps({"ANSIBLE_MODULE_ARGS": args or {}}).encode()):
+            yield
 
 
 # Timeouts outside the 0 to 3600 seconds the modules that write sysfs accept (_sysfs.MAX_WAIT), each with the
