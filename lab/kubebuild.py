@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from labcommon import read_json, sha256_file, utc_now, write_json, write_text
-from kubecommon import TOP, KubeLabError, locked, log, run
+from kubecommon import KubeLabError, locked, log, run
 
 # Shared by every checkout on the machine, as the lab's image is (a fresh clone linked the three binaries again from
 # Go's build cache: 110 s before its integration tier could start, 2026-12-01); builds are serialised by a lock in it.
