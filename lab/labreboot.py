@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import time
 
-from labconfig import STATE, locked, log
+from labconfig import BOOT_TIMEOUT, STATE, LabError, locked, log
 from labhost import choose_accel
 from labimage import image_manifest
-from labnet import ssh_key
+from labnet import ANSWER_TIMEOUT, NoAnswer, console_size, ssh_key, wait_ssh
 
 
 def follow_reboots(vm):
@@ -42,5 +42,41 @@ def follow_reboots(vm):
             vm.kill()
         meta = vm.meta()
         vm.launch(image_manifest(), meta.get("accel") or choose_accel(), ssh_key()[1], rebooting=True)
-        log("%s: the guest rebooted; started again (ssh port %s)" % (vm.name, vm.meta().get("ssh_port")))
+        port = vm.meta().get("ssh_port")
+        log("%s: the guest rebooted; started again (ssh port %s)" % (vm.name, port))
+    answered_or_restarted(vm, port, meta.get("accel") or choose_accel())
     return reason
+
+
+def answered_or_restarted(vm, port, accel, timeout=None):
+    """After the restart: wait until SSH answers, as `gpulab start` does. A guest that booted and does not answer
+    is started once more, cold, on the same port, with what it says on its rescue port in the log: seen 2026-12-01
+    on lab-container after a preparation's reboot, systemd-networkd's DHCP client failed with "Device or resource
+    busy" while udev renamed eth0 beside it, so the host had no address and the play's reboot task waited its
+    1800 s out. A QEMU that ends meanwhile (another reboot, a stop) is left to its own follower or to the lab.
+    True when SSH answered (after the one restart or not)."""
+    if not port:
+        return False
+    try:
+        wait_ssh(vm, port, timeout or BOOT_TIMEOUT, answer_timeout=ANSWER_TIMEOUT)
+        return True
+    except NoAnswer as exc:
+        report = vm.rescue_report()
+        log("%s; what the guest says on its rescue port (kept in %s):\n%s\n%s: restarting it once (a cold start, "
+            "same port)" % (exc, vm.rescue_log, "\n".join("  " + line for line in report.splitlines()[:60]), vm.name))
+    except LabError as exc:
+        log("%s: not waiting for SSH after the restart: %s" % (vm.name, str(exc).splitlines()[0]))
+        return False
+    with locked(os.path.join(STATE, "lab.lock")):
+        if vm.meta().get("ssh_port") != port:
+            return False  # another command started the host again meanwhile
+        vm.kill()
+        console_from = console_size(vm)
+        vm.launch(image_manifest(), accel, ssh_key()[1], rebooting=True)
+    try:
+        wait_ssh(vm, port, timeout or BOOT_TIMEOUT, answer_timeout=ANSWER_TIMEOUT, console_from=console_from)
+        log("%s: ssh up after the restart" % vm.name)
+        return True
+    except LabError as exc:
+        log("%s: after a cold restart too: %s" % (vm.name, str(exc).splitlines()[0]))
+        return False

@@ -930,10 +930,25 @@ def dra_host_steps(host="lab-dra"):
     return HostSteps([("kernel repair", functools.partial(kernel_repair, host))])
 
 
+def autogroup_nice(pid):
+    """The nice value of the scheduling group of process `pid` (/proc/<pid>/autogroup: "/autogroup-N nice V")."""
+    with open("/proc/%d/autogroup" % pid, encoding="ascii") as handle:
+        return int(handle.read().split()[-1])
+
+
+def set_autogroup_nice(pid, value):
+    """A daemonized QEMU runs in a session of its own, and with the kernel's autogroup on (as here) the CPU share of
+    a session is set by its group's nice value, not by its processes' own (lab/labhost.py keep_priority): the
+    group's value is written, and the process's too (what ps shows)."""
+    with open("/proc/%d/autogroup" % pid, "w", encoding="ascii") as handle:
+        handle.write(str(value))
+    os.setpriority(os.PRIO_PROCESS, pid, value)
+
+
 class CriticalPriority:
-    """While the lab's work runs, each host of tiers.CRITICAL_HOSTS has its QEMU at its nice value: its pid file is
-    read every 10 s (a reboot starts a new QEMU) and the process reniced when it is not there yet. Nothing when the
-    session may not raise a priority (not root)."""
+    """While the lab's work runs, each host of tiers.CRITICAL_HOSTS has its QEMU's scheduling group at its nice
+    value: its pid file is read every 10 s (a reboot starts a new QEMU) and the group reniced when it is not there
+    yet. Nothing when the session may not raise a priority (not root)."""
 
     def __init__(self, hosts=None):
         self.hosts = dict(tiers.CRITICAL_HOSTS if hosts is None else hosts)
@@ -946,8 +961,8 @@ class CriticalPriority:
             for host, value in self.hosts.items():
                 try:
                     pid = int(lab_file(host, "qemu.pid").strip() or 0)
-                    if pid and os.getpriority(os.PRIO_PROCESS, pid) != value:
-                        os.setpriority(os.PRIO_PROCESS, pid, value)
+                    if pid and autogroup_nice(pid) != value:
+                        set_autogroup_nice(pid, value)
                         self.reniced.append((host, pid))
                 except (ValueError, OSError):
                     continue

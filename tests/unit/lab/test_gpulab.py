@@ -319,6 +319,55 @@ def test_a_host_started_meanwhile_is_not_started_twice(gpulab, monkeypatch):
     assert launches == []
 
 
+def restarted_after_reboot(gpulab, monkeypatch, outcomes):
+    """answered_or_restarted on a host whose SSH waits end as `outcomes` say, one per wait (None: SSH answered,
+    else the exception raised); what it returned, the waits, the kills and the launches it made."""
+    vm = gpulab.Vm("lab-z")
+    os.makedirs(vm.dir, exist_ok=True)
+    vm.save_meta(ssh_port=40124, accel="tcg")
+    waits, kills, launches = [], [], []
+
+    def wait(_vm, port, _timeout, answer_timeout=None, console_from=0):
+        waits.append((port, answer_timeout, console_from))
+        outcome = outcomes[len(waits) - 1]
+        if outcome is not None:
+            raise outcome
+
+    monkeypatch.setattr(gpulab.labreboot, "wait_ssh", wait)
+    monkeypatch.setattr(gpulab.labreboot, "image_manifest", lambda: {"id": "abc"})
+    monkeypatch.setattr(gpulab.labreboot, "ssh_key", lambda: ("key", "key.pub"))
+    monkeypatch.setattr(gpulab.Vm, "rescue_report", lambda self: "--- networkctl\n  2 eth0 ether carrier failed")
+    monkeypatch.setattr(gpulab.Vm, "kill", lambda self, *args: kills.append(self.name))
+    monkeypatch.setattr(gpulab.Vm, "launch", lambda self, *args, **kwargs: launches.append((args, kwargs)))
+    answered = gpulab.labreboot.answered_or_restarted(vm, 40124, "tcg", timeout=5)
+    return answered, waits, kills, launches
+
+
+def test_after_a_reboot_the_follower_waits_for_ssh_and_leaves_an_answering_host_alone(gpulab, monkeypatch):
+    answered, waits, kills, launches = restarted_after_reboot(gpulab, monkeypatch, [None])
+    assert answered and waits == [(40124, gpulab.labreboot.ANSWER_TIMEOUT, 0)] and kills == [] and launches == []
+
+
+def test_a_host_that_booted_and_does_not_answer_after_a_reboot_is_restarted_once(gpulab, monkeypatch, capsys):
+    answered, waits, kills, launches = restarted_after_reboot(gpulab, monkeypatch, [
+        gpulab.NoAnswer("lab-z: booted (its login prompt has been on the console for 601s) but SSH does not answer"),
+        None])
+    assert answered and len(waits) == 2 and kills == ["lab-z"]
+    assert launches == [(({"id": "abc"}, "tcg", "key.pub"), {"rebooting": True})]
+    out = capsys.readouterr().out
+    assert "eth0 ether carrier failed" in out and "lab-z: restarting it once (a cold start, same port)" in out
+    # Once only: a second silence is reported, not restarted again.
+    answered, waits, kills, launches = restarted_after_reboot(gpulab, monkeypatch, [
+        gpulab.NoAnswer("no answer"), gpulab.NoAnswer("no answer again")])
+    assert not answered and len(waits) == 2 and len(launches) == 1
+
+
+def test_a_qemu_that_ends_while_the_follower_waits_is_left_to_the_lab(gpulab, monkeypatch):
+    answered, waits, kills, launches = restarted_after_reboot(gpulab, monkeypatch, [
+        gpulab.LabError("lab-z: QEMU exited while booting; last console lines:\n...")])
+    assert not answered and len(waits) == 1 and kills == [] and launches == []
+
+
 def test_a_host_without_an_event_monitor_is_left_alone(gpulab, monkeypatch):
     vm = gpulab.Vm("lab-y")
     monkeypatch.setattr(gpulab.Vm, "launch", lambda *args, **kwargs: pytest.fail("launched"))
