@@ -341,9 +341,14 @@ HAND_MADE = [
                  {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "vfio.gpu.nvidia.com"},
                   "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}},
                  "DeviceClass/vfio.gpu.nvidia.com", id="dra-device-class"),
+    # Valid under the chart's own CRD, which the install before applied (its spec requires these sections; the
+    # fixtures' CRD did not, so a spec of sandboxWorkloads alone passed only when this test ran first).
     pytest.param("gpu-operator", "GPU Operator", "clusterpolicies.nvidia.com",
                  {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
-                  "spec": {"sandboxWorkloads": {"enabled": True}}},
+                  "spec": dict({section: {} for section in ("daemonsets", "dcgm", "dcgmExporter", "devicePlugin",
+                                                            "driver", "gfd", "nodeStatusExporter", "operator",
+                                                            "toolkit")},
+                               sandboxWorkloads={"enabled": True})},
                  "ClusterPolicy/cluster-policy", id="gpu-operator-cluster-policy"),
 ]
 
