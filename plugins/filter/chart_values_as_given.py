@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: chart_values_as_given
 short_description: Chart values written so that the chart's templates keep them
-version_added: 0.6.0
+version_added: 1.1.0
 description:
   - Some templates of a chart pass a value through Helm's C(default), which takes 0, false and the empty string for
     not set and renders its own default instead. Where the chart keeps another spelling of the same value, the value

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: chart_values_problems
 short_description: Keys of the user's chart values that the chart does not have, and values it would replace
-version_added: 0.6.0
+version_added: 1.1.0
 description:
   - Checks the user's own values for a Helm chart against the chart's C(values.yaml) (the text
     C(helm show values) prints, or that text already loaded). A key the chart does not have at its place is named by

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: crd_apply_plan
 short_description: Which of a chart's CRDs to apply, and which to leave to the cluster or to another release
-version_added: 0.6.0
+version_added: 1.1.0
 description:
   - Helm installs a chart's C(crds/) on a first install only (and skips a CRD the cluster already has). Takes the
     chart's CRDs (P(gpuops.sandbox.chart_crds#filter)) and the same CRDs as the cluster holds them, whatever the order

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: helm_release_crds
 short_description: The CRDs the charts of Helm releases carry, read from the releases' Secrets
-version_added: 0.6.0
+version_added: 1.1.0
 description:
   - Helm stores each revision of a release in a Secret (type C(helm.sh/release.v1)) holding the chart it installed.
     Takes such Secrets and returns, per release, its name, its chart and the names of the CRDs under the chart's

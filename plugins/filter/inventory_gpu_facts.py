@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 name: inventory_gpu_facts
 short_description: The GPU facts an inventory gives for a host, checked against the shape gpu_facts returns
-version_added: 0.5.0
+version_added: 1.1.0
 description:
   - For a node whose host another tool prepares (C(gpuops_host_managed=false)), the inventory gives the facts
     M(gpuops.sandbox.gpu_facts) would have gathered - C(gpu_facts_gpus), and C(gpu_facts_host) and
