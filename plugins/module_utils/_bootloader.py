@@ -212,17 +212,7 @@ def plan_grub(ctx):
     owner_edits, unedited = plan_owner_removals(ctx, base, new_segments, replaced, dropin)
     edited = dict((path, text) for path, (_before, text, _tokens) in owner_edits.items())
     below_of, _assignments = evaluate_grub_defaults(ctx.root, dict(edited, **{dropin: None})) if edited else (base, None)
-    wanted = {}
-    extends = {}
-    for name, old, new in zip(GRUB_VARS, old_segments, new_segments):
-        below = split_cmdline(below_of[name])
-        if below == new:
-            continue
-        if new[:len(below)] == below:
-            extends[name] = " ".join(new[len(below):])
-        else:
-            wanted[name] = current[name] if old == new else " ".join(new)
-    new_text = render_grub_dropin(wanted, ORIGIN, extends) if wanted or extends else None
+    new_text = grub_dropin_text(below_of, current, old_segments, new_segments)
     old_text = read_text(dropin)
 
     trial, _assignments = evaluate_grub_defaults(ctx.root, dict(edited, **{dropin: new_text}))
@@ -230,16 +220,7 @@ def plan_grub(ctx):
         # Taking the tokens out where they are written does not give the result: leave the owner's files alone.
         unedited = sorted(set(unedited) | set(tok for _b, _t, tokens in owner_edits.values() for _n, tok in tokens))
         owner_edits, edited = {}, {}
-        wanted, extends = {}, {}
-        for name, old, new in zip(GRUB_VARS, old_segments, new_segments):
-            below = split_cmdline(base[name])
-            if below == new:
-                continue
-            if new[:len(below)] == below:
-                extends[name] = " ".join(new[len(below):])
-            else:
-                wanted[name] = current[name] if old == new else " ".join(new)
-        new_text = render_grub_dropin(wanted, ORIGIN, extends) if wanted or extends else None
+        new_text = grub_dropin_text(base, current, old_segments, new_segments)
         trial, _assignments = evaluate_grub_defaults(ctx.root, {dropin: new_text})
     if unedited:
         ctx.module.warn("%s could not be taken out of the grub defaults files where it is written (the text there "
@@ -293,6 +274,22 @@ def plan_grub(ctx):
         "after": " ".join(plan.cmdline_args) + "\n",
     })
     return plan
+
+
+def grub_dropin_text(below_of, current, old_segments, new_segments):
+    """The drop-in's text for the wanted segments over `below_of` (each variable as the files before the drop-in
+    give it): a variable whose value there is the start of the wanted one extends it, one the result takes something
+    off is set in full (its current value when the request leaves it as it was); None when nothing is to be set."""
+    wanted, extends = {}, {}
+    for name, old, new in zip(GRUB_VARS, old_segments, new_segments):
+        below = split_cmdline(below_of[name])
+        if below == new:
+            continue
+        if new[:len(below)] == below:
+            extends[name] = " ".join(new[len(below):])
+        else:
+            wanted[name] = current[name] if old == new else " ".join(new)
+    return render_grub_dropin(wanted, ORIGIN, extends) if wanted or extends else None
 
 
 def _without_token(statement, prefix_end, token):
