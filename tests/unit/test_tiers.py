@@ -206,7 +206,10 @@ def test_the_testing_guide_names_every_slice_and_how_a_target_is_found():
 
 
 def make_database(*args):
-    env = {k: v for k, v in os.environ.items() if k not in ("GPUOPS_SLICES", "MAKEFLAGS", "MAKELEVEL")}
+    # A run under make (CI's `make test SLICES=...` runs this tier) exports its command-line variables and flags;
+    # the database is read as a fresh shell would see it.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SLICES", "GPUOPS_SLICES", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")}
     done = subprocess.run(["make", "-pn", "--no-print-directory"] + list(args), cwd=TOP, env=env, check=False,
                           text=True, capture_output=True, timeout=120)
     return [line for line in done.stdout.splitlines() if line.startswith("GPUOPS_SLICES :=")]
