@@ -142,9 +142,12 @@ unit: venv
 # tests, and beside it the vGPU Manager image tests, which need neither, then the real charts, drain and operator
 # tests on an API server of that session's own.
 # At the end it says where the tier's CPU time went (scripts/cpu_share.py; also as JSON under .build/).
+# When it ends it writes its own exit status and time to .build/integration.result (.ci/run records them).
 integration: lab-image kube-binaries
+	@mkdir -p .build; rm -f .build/integration.result; started=$$(date +%s); rc=0; \
 	GPUOPS_KUBE_TEST_STATE=$(KUBE_TEST_STATE) $(BIN)/python scripts/cpu_share.py .build/cpu-share-integration.json -- \
-		scripts/integration.sh
+		scripts/integration.sh || rc=$$?; \
+	printf '{"rc": %d, "seconds": %d}\n' "$$rc" "$$(($$(date +%s) - started))" >.build/integration.result; exit $$rc
 
 bench: venv hostdeps
 	$(BIN)/python scripts/bench.py

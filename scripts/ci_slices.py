@@ -5,7 +5,8 @@
 """Which deep slices CI runs beside the landing tier (.ci/run), and the record of what ran.
 
     ci_slices.py pick     the slices for the checkout's HEAD, comma-separated on stdout; why, on stderr
-    ci_slices.py record   --slices a,b --rc N --seconds S: what a CI run did, into the machine's record
+    ci_slices.py record   --slices a,b --rc N --seconds S: what a CI run did, into the machine's record (with how
+                          the integration tier itself ended, from .build/integration.result when it ran)
 
 The slices and their recorded costs are tests/integration/tiers.py. A slice is picked, in this order of priority:
   1. overdue: the record of this machine's CI runs has two passed runs since it last passed in one (so every deep
@@ -17,6 +18,10 @@ Each is admitted only while the predicted time of the whole run (the quick tiers
 admitted so far, in recorded core-seconds over the machine's cores, scaled by how the last passed run's time
 compared with its own prediction) stays within the budget (GPUOPS_CI_BUDGET_MINUTES, 62 by default: CI's limit is
 90). The same HEAD and record give the same slices: the decision is printed with its reasons.
+
+A run whose integration tier passed counts as passed for the slices and the scale even when a quick tier beside it
+failed (the lab's work ran to its end, so its slices were proven and its time is the tier's): the record keeps the
+integration tier's own exit status beside the run's.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ OVERDUE_AFTER = 2
 KEEP_RUNS = 30
 # How far the last run's own time may move the prediction (a slow hour, a faster machine).
 SCALE_LIMITS = (0.8, 1.6)
+# Written by the Makefile's integration recipe when the tier ends: {"rc": N, "seconds": S}.
+INTEGRATION_RESULT = os.path.join(TOP, ".build", "integration.result")
 
 
 def state_file(environ=None):
@@ -72,9 +79,14 @@ def is_ancestor(commit):
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
 
 
+def integration_passed(run):
+    """Whether a recorded run's integration tier, with its slices, passed (the whole run, or the tier alone)."""
+    return run.get("rc") == 0 or run.get("integration_rc") == 0
+
+
 def changed_paths(history):
     """(the paths changed since the base, a description of the base)."""
-    passed = [run for run in history if run.get("rc") == 0 and run.get("commit")]
+    passed = [run for run in history if integration_passed(run) and run.get("commit")]
     for run in reversed(passed):
         if is_ancestor(run["commit"]):
             return git("diff", "--name-only", run["commit"], "HEAD").split(), "the last passed run (%s)" % (
@@ -90,7 +102,7 @@ def changed_paths(history):
 def scale_of(history):
     """How the last passed run's seconds compared with its prediction, within SCALE_LIMITS (1.0 without one)."""
     for run in reversed(history):
-        if run.get("rc") == 0 and run.get("predicted_seconds") and run.get("seconds"):
+        if integration_passed(run) and run.get("predicted_seconds") and run.get("seconds"):
             ratio = float(run["seconds"]) / float(run["predicted_seconds"])
             return min(max(ratio, SCALE_LIMITS[0]), SCALE_LIMITS[1])
     return 1.0
@@ -109,7 +121,7 @@ def pick(count, changed, history, cores, budget_minutes=BUDGET_MINUTES):
     changed_paths); `history`: the recorded runs, oldest first."""
     names = list(tiers.SLICES)
     wanted = []  # (slice, reason), by priority
-    passed = [run for run in history if run.get("rc") == 0]
+    passed = [run for run in history if integration_passed(run)]
     if len(passed) >= OVERDUE_AFTER:
         for name in names:
             since = 0
@@ -161,13 +173,30 @@ def cmd_pick(args):
     return 0
 
 
+def integration_result(path):
+    """{"integration_rc": N, "integration_seconds": S} from the file the Makefile's integration recipe writes when
+    the tier ends; {} when it did not run (or the file cannot be read, said on stderr)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        return {"integration_rc": int(data["rc"]), "integration_seconds": round(float(data["seconds"]))}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print("ci_slices: the integration result %s is unreadable (%s); recording the run's status alone"
+              % (path, exc), file=sys.stderr)
+        return {}
+
+
 def cmd_record(args):
     history = read_history(args.state)
     slices = tiers.parse_slices(args.slices)
     cores = args.cores or os.cpu_count() or 2
-    history.append({"commit": git("rev-parse", "HEAD").strip(), "slices": slices, "rc": args.rc,
-                    "seconds": round(args.seconds), "predicted_seconds": round(predicted_seconds(slices, cores)),
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    run = {"commit": git("rev-parse", "HEAD").strip(), "slices": slices, "rc": args.rc,
+           "seconds": round(args.seconds), "predicted_seconds": round(predicted_seconds(slices, cores)),
+           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    run.update(integration_result(args.integration_result))
+    history.append(run)
     os.makedirs(os.path.dirname(args.state), exist_ok=True)
     temporary = args.state + ".tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
@@ -186,6 +215,8 @@ def main(argv=None):
     record.add_argument("--slices", default="")
     record.add_argument("--rc", type=int, required=True)
     record.add_argument("--seconds", type=float, required=True)
+    record.add_argument("--integration-result", default=INTEGRATION_RESULT,
+                        help="what the integration tier wrote when it ended (default: .build/integration.result)")
     args = parser.parse_args(argv)
     try:
         return cmd_pick(args) if args.command == "pick" else cmd_record(args)

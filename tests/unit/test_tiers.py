@@ -168,6 +168,40 @@ def test_the_last_passed_runs_time_scales_the_prediction():
     assert ci_slices.pick(count, [], [passed(seconds=1300, predicted=1000)], 2, budget)[0] == []
 
 
+def test_a_run_whose_integration_tier_passed_counts_for_its_slices_and_the_scale():
+    # The unit tier failed beside it (rc 2), the integration tier with the kernels slice passed: its time scales the
+    # prediction and kernels passed in it.
+    beside = dict(passed("kernels", rc=2, seconds=2600, predicted=3350), integration_rc=0)
+    assert ci_slices.scale_of([beside]) == pytest.approx(max(2600 / 3350.0, ci_slices.SCALE_LIMITS[0]))
+    assert ci_slices.scale_of([dict(beside, integration_rc=1)]) == 1.0
+    count = list(tiers.SLICES).index("kernels")
+    history = [beside, dict(passed("kernels", rc=2), integration_rc=0)]
+    chosen, lines = ci_slices.pick(count, [], history, cores=2, budget_minutes=1000)
+    verdicts = {name: reason for name, _verdict, reason in lines}
+    assert "cluster" in chosen and verdicts["cluster"].startswith("overdue: not in the last 2 passed runs")
+    assert dict(passed("kernels", rc=2), integration_rc=2) not in [run for run in history
+                                                                    if ci_slices.integration_passed(run)]
+
+
+def test_the_record_keeps_the_integration_tiers_own_status(tmp_path):
+    state, result = tmp_path / "history.json", tmp_path / "integration.result"
+    result.write_text('{"rc": 0, "seconds": 2500}\n')
+    command = [sys.executable, SCRIPT, "--state", str(state), "--cores", "2", "record", "--slices", "kernels",
+               "--rc", "2", "--seconds", "2600", "--integration-result", str(result)]
+    done = subprocess.run(command, cwd=TOP, check=False, text=True, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    run = json.loads(state.read_text())["runs"][-1]
+    assert (run["rc"], run["integration_rc"], run["integration_seconds"]) == (2, 0, 2500)
+    # The tier never ran (no file): the run's status alone. A damaged file is said, not a traceback.
+    result.unlink()
+    subprocess.run(command, cwd=TOP, check=True, text=True, capture_output=True, timeout=60)
+    assert "integration_rc" not in json.loads(state.read_text())["runs"][-1]
+    result.write_text("{broken")
+    done = subprocess.run(command, cwd=TOP, check=False, text=True, capture_output=True, timeout=60)
+    assert done.returncode == 0 and "integration result" in done.stderr and "Traceback" not in done.stderr
+    assert "integration_rc" not in json.loads(state.read_text())["runs"][-1]
+
+
 def test_the_command_picks_for_head_and_records_the_run(tmp_path):
     state = tmp_path / "history.json"
     env = dict(os.environ, GPUOPS_CI_BUDGET_MINUTES="1000")
