@@ -137,3 +137,22 @@ def test_the_hand_made_claim_came_off_in_the_container_legs_reboot(host):
     assert backed_up.rc == 0 and backed_up.stdout.strip(), (backed_up.stdout, backed_up.stderr)
     dropin = host.file("/etc/default/grub.d/99-gpuops-sandbox.cfg").content_string
     assert 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"' in dropin.splitlines(), dropin
+
+
+def test_an_edit_of_the_owners_after_the_switch_still_counts(host):
+    """After the switch back the owner added panic=30 to /etc/default/grub and ran update-grub (side_effect.yml):
+    every menu entry of the running kernel in the regenerated grub.cfg has the owner's argument and the
+    collection's iommu=pt, and no vfio-pci.ids. A drop-in holding a fixed GRUB_CMDLINE_LINUX would have dropped the
+    owner's argument (issue 43)."""
+    if lab_functions.boot_path(host) == "systemd-boot":
+        pytest.skip("a systemd-boot host has no /etc/default/grub: its owner edits /etc/kernel/cmdline")
+    owners = [line for line in host.file("/etc/default/grub").content_string.splitlines()
+              if line.startswith("GRUB_CMDLINE_LINUX=")]
+    assert owners and owners[-1].startswith('GRUB_CMDLINE_LINUX="panic=30 '), owners
+    kernel = host.run("uname -r").stdout.strip()
+    entries = [line.split() for line in host.file("/boot/grub/grub.cfg").content_string.splitlines()
+               if line.strip().startswith("linux") and ("vmlinuz-%s" % kernel) in line]
+    assert entries, "no menu entry of %s in grub.cfg" % kernel
+    for words in entries:
+        assert "panic=30" in words and "iommu=pt" in words, words
+        assert not [word for word in words if word.startswith("vfio-pci.ids=")], words
