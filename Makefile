@@ -186,8 +186,8 @@ build: venv
 release: venv
 	scripts/release.sh "$(VERSION)"
 
-# Sanity and the unit tier on each ansible-core meta/runtime.yml claims (2.17, 2.18, 2.19; CORES="2.17" picks),
-# each in its own cached virtualenv under .build/cores/ (scripts/test-cores.sh). No lab; a deep slice of the tests.
+# Sanity and the unit tier on each ansible-core meta/runtime.yml claims that runs on this Python (2.19; CORES="2.18"
+# picks another), each in its own cached virtualenv under .build/cores/ (scripts/test-cores.sh). No lab.
 test-cores: venv
 	scripts/test-cores.sh $(CORES)
 
