@@ -80,7 +80,8 @@ SLICES = {
             "the cluster half on stand-in charts: labels, installs, KubeVirt entries checked against what the nodes "
             "advertise, the DRA path, validate.yml, re-runs keep the operator's labels, nodes joining and leaving, "
             "bad input failing clearly with nothing changed (test_70)",
-            "the API server of a test session is its own (test_61)",
+            "the API server of a test session is its own (test_61); a corrupt binary in the lab's Kubernetes cache "
+            "is rebuilt alone (test_60)",
             "operator labels stuck by a paused node are named and repaired only with consent (test_73)",
             "a node with GPU VMs is not drained (test_74)",
             "chart upgrades: CRDs first, values kept, downgrades refused, a killed upgrade rolled back (test_76)",
