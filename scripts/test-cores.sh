@@ -1,34 +1,55 @@
 #!/usr/bin/env bash
-# Sanity and the unit tier on each ansible-core meta/runtime.yml claims that runs on this Python (`make test-cores`;
-# 2.19 by default, CORES="2.18" or arguments pick others: 2.17 and 2.18 are kept to show what fails there, see the
-# 1.0.0 release notes). The landing tier (make sanity, make unit) runs the development environment's core;
-# this runs the others, each in a virtualenv of its own under .build/cores/<version>, created from the
-# development environment's Python and reused while its requirements (requirements/core-<version>.txt,
-# requirements/cores.txt and the constraints) are unchanged. A core that does not support that Python as a
-# controller is skipped, and said so. Each step's wall and CPU time (user + system, children included) is
+# Sanity and the unit tier on each ansible-core meta/runtime.yml claims (`make test-cores`: 2.19, 2.20 and 2.21 by
+# default; CORES="2.18" or arguments pick others: 2.17 and 2.18 are kept to show what fails there, see the 1.0.0
+# release notes). The landing tier (make sanity, make unit) runs the development environment's core; this runs
+# each in a virtualenv of its own under .build/cores/<version>, reused while its requirements
+# (requirements/core-<version>.txt, requirements/cores.txt, the constraints and the Python) are unchanged. A core
+# runs on the development environment's Python when it supports that one as a controller, else on the first
+# Python it supports that the machine has (python3.X on PATH, or under pyenv's versions); with none it is
+# skipped, and said so. Each step's wall and CPU time (user + system, children included) is
 # printed and kept in .build/cores/<version>/times.txt. `scripts/test-cores.sh --prepare [CORE...]` only creates
 # the virtualenvs.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 unset PYTHONDONTWRITEBYTECODE
-# The interpreter of the development environment (see scripts/venv-python.sh): the cores run on that Python.
-base_py=$("$top/.venv/bin/python" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
-py_version=$("$base_py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+# The interpreter of the development environment (see scripts/venv-python.sh): a core runs on it when it can.
+dev_py=$("$top/.venv/bin/python" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
+dev_version=$("$dev_py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
 # Controller Pythons of each core (ansible-core's support matrix).
 supports() {
   case "$1" in
     2.17) echo "3.10 3.11 3.12" ;;
     2.18|2.19) echo "3.11 3.12 3.13" ;;
+    2.20|2.21) echo "3.12 3.13 3.14" ;;
     *) echo "" ;;
   esac
+}
+
+# The interpreter a core runs on: the development environment's when the core supports it, else the first of the
+# core's controller Pythons found on this machine. Prints its path, or nothing.
+python_for() {
+  local version candidate
+  for version in $(supports "$1"); do
+    if [ "$version" == "$dev_version" ]; then echo "$dev_py"; return; fi
+  done
+  for version in $(supports "$1"); do
+    for candidate in "$(command -v "python$version" 2>/dev/null || true)" \
+        "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$version".*/bin/"python$version"; do
+      # A pyenv shim on PATH fails when that version is not selected: only an interpreter that runs counts.
+      if [ -n "$candidate" ] && [ -x "$candidate" ] && "$candidate" -c 'import venv' >/dev/null 2>&1; then
+        "$candidate" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))'
+        return
+      fi
+    done
+  done
 }
 
 # --prepare: create (or check) the virtualenvs only, as a CI cache step would.
 prepare=0
 if [ "${1:-}" == "--prepare" ]; then prepare=1; shift; fi
-if [ "$#" -gt 0 ]; then cores=("$@"); else read -r -a cores <<<"${CORES:-2.19}"; fi
+if [ "$#" -gt 0 ]; then cores=("$@"); else read -r -a cores <<<"${CORES:-2.19 2.20 2.21}"; fi
 
 # Timing: "<step> <wall s> <cpu s>" of a command (GNU time: user + system of the command and its children).
 # Returns the command's exit status.
@@ -84,11 +105,14 @@ for core in "${cores[@]}"; do
     echo "test-cores: no $pins for ansible-core $core (cores with pins: $(ls requirements/core-*.txt | sed 's/.*core-//; s/\.txt//' | tr '\n' ' '))" >&2
     exit 2
   fi
-  if ! [[ " $(supports "$core") " == *" $py_version "* ]]; then
-    echo "== ansible-core $core: skipped, its controller Pythons are $(supports "$core"), this one is $py_version ($base_py)"
-    summary+=("$core: skipped (controller Python $py_version unsupported)")
+  base_py=$(python_for "$core")
+  if [ -z "$base_py" ]; then
+    echo "== ansible-core $core: skipped, its controller Pythons are $(supports "$core") and this machine has none of them"
+    summary+=("$core: skipped (no controller Python: $(supports "$core"))")
     continue
   fi
+  py_version=$("$base_py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  echo "== ansible-core $core: on Python $py_version ($base_py)"
   state="$top/.build/cores/$core"
   venv="$state/venv"
   mkdir -p "$state"
@@ -125,6 +149,6 @@ for core in "${cores[@]}"; do
   PATH=${PATH#"$bin:"}
   summary+=("$core: $result ($(awk '{ printf "%s %s s wall %s s CPU; ", $1, $2, $3 }' "$state/times.txt"))")
 done
-echo "== test-cores (Python $py_version):"
+echo "== test-cores:"
 printf '  %s\n' "${summary[@]}"
 exit $rc
