@@ -54,7 +54,7 @@ from labconfig import (BOOT_TIMEOUT, CACHE, INVENTORY_CONNECTION, INVENTORY_DIR,
                        lab_host_settings, lab_hosts, locked, log, manifest_path, need_tools, select_hosts, tail_text)
 from labhost import Vm, choose_accel, keep_priority, stand_in_devices  # noqa: E402
 from labimage import ensure_image, image_manifest, image_problem, kernel_package  # noqa: E402
-from labnet import (ANSWER_TIMEOUT, NoAnswer, close_master, console_size, ssh_cmd, ssh_key, wait_ssh,  # noqa: E402
+from labnet import (ANSWER_TIMEOUT, NoAnswer, close_master, ssh_cmd, ssh_key, wait_ssh,  # noqa: E402
                     write_inventory)
 from labstate import SavedBootError  # noqa: E402
 from labreboot import follow_reboots  # noqa: E402
@@ -234,14 +234,7 @@ def cmd_start(args):
 
     def restart_once(vm, exc):
         """A guest that booted and does not answer: its report kept, then one cold start on the same port."""
-        report = vm.rescue_report()
-        log("%s; what the guest says on its rescue port (kept in %s):\n%s\n%s: restarting it once (a cold start, "
-            "same port)" % (exc, vm.rescue_log, "\n".join("  " + line for line in report.splitlines()[:60]), vm.name))
-        with locked(os.path.join(STATE, "lab.lock")):
-            vm.kill()
-            console_from = console_size(vm)
-            vm.launch(manifest, accel, pub, rebooting=True)  # every device on its command line: nothing to finish
-        return console_from
+        return labreboot.restart_cold(vm, exc, manifest, accel, pub)
 
     threads = [threading.Thread(target=waiter, args=item) for item in booting]
     for thread in threads:

@@ -61,18 +61,12 @@ def answered_or_restarted(vm, port, accel, timeout=None):
         wait_ssh(vm, port, timeout or BOOT_TIMEOUT, answer_timeout=ANSWER_TIMEOUT)
         return True
     except NoAnswer as exc:
-        report = vm.rescue_report()
-        log("%s; what the guest says on its rescue port (kept in %s):\n%s\n%s: restarting it once (a cold start, "
-            "same port)" % (exc, vm.rescue_log, "\n".join("  " + line for line in report.splitlines()[:60]), vm.name))
+        console_from = restart_cold(vm, exc, image_manifest(), accel, ssh_key()[1], port=port)
     except LabError as exc:
         log("%s: not waiting for SSH after the restart: %s" % (vm.name, str(exc).splitlines()[0]))
         return False
-    with locked(os.path.join(STATE, "lab.lock")):
-        if vm.meta().get("ssh_port") != port:
-            return False  # another command started the host again meanwhile
-        vm.kill()
-        console_from = console_size(vm)
-        vm.launch(image_manifest(), accel, ssh_key()[1], rebooting=True)
+    if console_from is None:
+        return False  # another command started the host again meanwhile
     try:
         wait_ssh(vm, port, timeout or BOOT_TIMEOUT, answer_timeout=ANSWER_TIMEOUT, console_from=console_from)
         log("%s: ssh up after the restart" % vm.name)
@@ -80,3 +74,20 @@ def answered_or_restarted(vm, port, accel, timeout=None):
     except LabError as exc:
         log("%s: after a cold restart too: %s" % (vm.name, str(exc).splitlines()[0]))
         return False
+
+
+def restart_cold(vm, exc, manifest, accel, pub, port=None):
+    """A guest that booted and does not answer SSH (`exc`, a NoAnswer): what it says on its rescue port is logged and
+    kept, then it is started once more, cold, on the same port (`gpulab start` and the reboot follower both do
+    this). With `port`, nothing is done when the host's port is another by then (another command started it).
+    The console's size before the start (where wait_ssh reads on from), or None when nothing was done."""
+    report = vm.rescue_report()
+    log("%s; what the guest says on its rescue port (kept in %s):\n%s\n%s: restarting it once (a cold start, "
+        "same port)" % (exc, vm.rescue_log, "\n".join("  " + line for line in report.splitlines()[:60]), vm.name))
+    with locked(os.path.join(STATE, "lab.lock")):
+        if port is not None and vm.meta().get("ssh_port") != port:
+            return None
+        vm.kill()
+        console_from = console_size(vm)
+        vm.launch(manifest, accel, pub, rebooting=True)  # every device on its command line: nothing to finish
+    return console_from

@@ -17,7 +17,8 @@ The slices and their recorded costs are tests/integration/tiers.py. A slice is p
 Each is admitted only while the predicted time of the whole run (the quick tiers, the landing tier and the slices
 admitted so far, in recorded core-seconds over the machine's cores, scaled by how the last passed run's time
 compared with its own prediction) stays within the budget (GPUOPS_CI_BUDGET_MINUTES, 55 by default: CI's limit is
-90, and a landing should take 60 minutes or less). The same HEAD and record give the same slices: the decision is printed with its reasons.
+90, and a landing should take 60 minutes or less). The same HEAD and record give the same slices: the decision is
+printed with its reasons.
 
 A run whose integration tier passed counts as passed for the slices and the scale even when a quick tier beside it
 failed (the lab's work ran to its end, so its slices were proven and its time is the tier's): the record keeps the
