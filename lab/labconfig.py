@@ -13,6 +13,7 @@ puts its own directory on sys.path first.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -110,9 +111,39 @@ def lab_hosts():
     return names
 
 
+# A run may set some hosts' lab settings over the inventory's, without editing it: a JSON object of host names, each
+# with its gpulab_* values ({"lab-passthrough": {"gpulab_boot": "uefi"}}). The integration tier sets it for a deep
+# slice that needs a host shaped otherwise (tests/integration/tiers.py).
+SETTINGS_ENV = "GPUOPS_LAB_SETTINGS"
+
+
+def settings_overrides(environ=None):
+    """The per-host settings SETTINGS_ENV gives ({} without it). Raises LabError naming the bad value."""
+    text = (os.environ if environ is None else environ).get(SETTINGS_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise LabError("%s=%r is not JSON (%s); expected an object of host names, each with its gpulab_* settings, "
+                       "e.g. {\"lab-passthrough\": {\"gpulab_boot\": \"uefi\"}}" % (SETTINGS_ENV, text, exc))
+    bad = [] if isinstance(data, dict) else [text]
+    for host, values in (data.items() if isinstance(data, dict) else ()):
+        if not isinstance(values, dict) or any(not str(key).startswith("gpulab_") for key in values):
+            bad.append("%s: %r" % (host, values))
+    if bad:
+        raise LabError("%s: %s is not an object of gpulab_* settings; expected an object of host names, each with "
+                       "its gpulab_* settings, e.g. {\"lab-passthrough\": {\"gpulab_boot\": \"uefi\"}}"
+                       % (SETTINGS_ENV, "; ".join(bad)))
+    return data
+
+
 def lab_host_settings(name):
-    """The lab settings of one host from inventories/lab/hosts.yml (host variables named gpulab_*)."""
-    return {k: v for k, v in inventory_host_vars(load_inventory(), name).items() if k.startswith("gpulab_")}
+    """The lab settings of one host: its host variables named gpulab_* in inventories/lab/hosts.yml, with those
+    SETTINGS_ENV gives for it over them."""
+    settings = {k: v for k, v in inventory_host_vars(load_inventory(), name).items() if k.startswith("gpulab_")}
+    settings.update(settings_overrides().get(name, {}))
+    return settings
 
 
 def autostarts(name):

@@ -10,7 +10,8 @@
 
 The slices and their recorded costs are tests/integration/tiers.py. A slice is picked, in this order of priority:
   1. overdue: the record of this machine's CI runs has two passed runs since it last passed in one (so every deep
-     claim runs at least every third landing on a machine that keeps its record);
+     claim runs at least every third landing on a machine that keeps its record, as long as the budget admits
+     the overdue slices together); the longest overdue first;
   2. changed: a path it proves changed since the last passed run recorded here (its commit an ancestor of HEAD); with
      no such run, in the last CHANGED_WINDOW commits;
   3. rotation: the slice at index (the number of commits in HEAD's history) modulo the number of slices.
@@ -124,6 +125,7 @@ def pick(count, changed, history, cores, budget_minutes=BUDGET_MINUTES):
     wanted = []  # (slice, reason), by priority
     passed = [run for run in history if integration_passed(run)]
     if len(passed) >= OVERDUE_AFTER:
+        overdue = []
         for name in names:
             since = 0
             for run in reversed(passed):
@@ -131,7 +133,10 @@ def pick(count, changed, history, cores, budget_minutes=BUDGET_MINUTES):
                     break
                 since += 1
             if since >= OVERDUE_AFTER:
-                wanted.append((name, "overdue: not in the last %d passed runs recorded on this machine" % since))
+                overdue.append((since, name))
+        # The longest overdue first: when the budget admits only some, the others are the first the next run takes.
+        for since, name in sorted(overdue, key=lambda item: -item[0]):
+            wanted.append((name, "overdue: not in the last %d passed runs recorded on this machine" % since))
     for name in names:
         hits = tiers.paths_match(tiers.SLICES[name]["paths"], changed)
         if hits:

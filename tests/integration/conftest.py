@@ -100,8 +100,13 @@ def pytest_configure(config):
                                        "(tests/integration/tiers.py), run when GPUOPS_SLICES names it")
     try:
         SELECTED["slices"] = tiers.selected_slices()
+        # A slice that shapes a lab host otherwise (the uefi slice's lab-passthrough) says so to the lab's every
+        # command of this session: the lab reads GPUOPS_LAB_SETTINGS over its inventory (lab/labconfig.py).
+        settings = tiers.lab_settings(SELECTED["slices"], os.environ.get(tiers.LAB_SETTINGS_ENV))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if settings:
+        os.environ[tiers.LAB_SETTINGS_ENV] = json.dumps(settings, sort_keys=True)
     BOOSTED["on"] = os.environ.get("GPUOPS_TEST_BOOST", "1") != "0" and boost_priority()
 
 
@@ -865,19 +870,24 @@ def lab_settings(host):
     sys.path.insert(0, os.path.join(TOP, "lab"))
     try:
         import labcommon  # pylint: disable=import-outside-toplevel
+        import labconfig  # pylint: disable=import-outside-toplevel
     finally:
         sys.path.pop(0)
     with open(os.path.join(TOP, "inventories", "lab", "hosts.yml"), encoding="utf-8") as handle:
-        return labcommon.inventory_host_vars(yaml.safe_load(handle), host)
+        settings = labcommon.inventory_host_vars(yaml.safe_load(handle), host)
+    # What this session's slices set over the inventory (tiers.SLICES' lab_settings, through GPUOPS_LAB_SETTINGS).
+    settings.update(labconfig.settings_overrides().get(host, {}))
+    return settings
 
 
 def passthrough_host_steps(host="lab-passthrough", drift_too=True, entry_too=True):
-    """The refused switch on lab-passthrough, then (in the repairs slice) the drift repair and the kernel entry."""
+    """The refused switch on lab-passthrough, then the drift repair (the repairs slice) and the kernel entry (the
+    uefi slice, where the host boots through systemd-boot)."""
     steps = [("refused switch", functools.partial(refused_switch, host))]
     if drift_too:
         steps.append(("drift", functools.partial(drift, host)))
     # The kernel update whose entry lost its arguments needs per-entry arguments: a host that boots through
-    # systemd-boot (gpulab_boot: uefi in inventories/lab/hosts.yml).
+    # systemd-boot (gpulab_boot: uefi, which the uefi slice sets).
     if entry_too and lab_settings(host).get("gpulab_boot") == "uefi":
         steps.append(("kernel entry", functools.partial(kernel_entry, host)))
     return HostSteps(steps)
@@ -999,9 +1009,9 @@ class LabWork:
     chain), the four workload-type scenarios on the GPU hosts, then on lab-passthrough the switch scenario, on
     lab-dra the dra_switch scenario and on lab-vgpu the power-loss run as soon as their scenario passed; the
     preflight failures and a held host on lab-container after its scenario, the refused switch, the drift repair and
-    a kernel update (lab-passthrough boots through systemd-boot) on lab-passthrough after the switch scenario, the
-    stale kernel's repair on lab-dra after the dra_switch
-    scenario; a network-less host in a lab of its own once the boot has ended.
+    a kernel update (the uefi slice: lab-passthrough boots through systemd-boot) on lab-passthrough after the
+    switch scenario, the stale kernel's repair on lab-dra after the dra_switch scenario; a network-less host in a
+    lab of its own once the boot has ended.
     The tests from test_81 on check what each left: the controller's own tests (test_50 to test_80) run first, from
     the session's start, and nothing lab-bound runs in the tests themselves but site.yml at the end (test_95).
 

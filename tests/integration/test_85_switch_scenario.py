@@ -98,17 +98,17 @@ def test_a_stale_kernel_image_is_named_and_rebuilt_alone_then_its_removal_is_no_
     assert [(k["version"], k["running"], k["problems"]) for k in facts["kernels"]] == [(running, True, [])], facts
 
 
-@pytest.mark.slice("repairs")
+@pytest.mark.slice("uefi")
 def test_a_new_kernels_entry_gets_the_arguments_and_one_that_lacks_them_is_named_and_written_again(lab_work):
-    """On lab-passthrough, which boots the RHEL family's way (systemd-boot entries written by kernel-install, dracut),
-    after the drift repair: the distribution installs another kernel. Its entry has the collection's arguments
+    """On lab-passthrough, which boots the RHEL family's way in the uefi slice (systemd-boot entries written by
+    kernel-install, dracut), after the refused switch (and the drift repair when the repairs slice runs too): the
+    distribution installs another kernel. Its entry has the collection's arguments
     (kernel-install took them from /etc/kernel/cmdline) and both its images (/boot's and the ESP's copy) carry the
     collection's files and vfio-pci.ko. Then the entry loses the arguments, as one written before the preparation
     has them not (each entry carries its own): verify_hosts.yml fails naming that kernel, and prepare_hosts.yml
     writes the entry again with them, with no reboot (the running kernel's entry was right)."""
-    if lab_settings("lab-passthrough").get("gpulab_boot") != "uefi":
-        pytest.skip("lab-passthrough boots through grub (no gpulab_boot: uefi in inventories/lab/hosts.yml): its "
-                    "entries have no arguments of their own")
+    # The uefi slice shapes the host so (tests/integration/tiers.py, through GPUOPS_LAB_SETTINGS).
+    assert lab_settings("lab-passthrough").get("gpulab_boot") == "uefi", lab_settings("lab-passthrough")
     steps = lab_work.passthrough_checks.get()
     assert steps is not None, "the kernel update on lab-passthrough follows the switch scenario, which failed"
     seen = steps.results()["kernel entry"]

@@ -14,11 +14,15 @@ Pure data and small functions only: scripts/ci_slices.py and the unit tests impo
 """
 
 import fnmatch
+import json
 import os
 import re
 
 LANDING = "landing"
 SLICES_ENV = "GPUOPS_SLICES"
+# What a slice's lab_settings become for the lab's commands of a session (lab/labconfig.py reads it over the
+# inventory's gpulab_* values).
+LAB_SETTINGS_ENV = "GPUOPS_LAB_SETTINGS"
 
 # What each part adds to a whole run, in core-seconds of the 2-core machine CI runs on: the run's wall time is
 # predicted as their sum over the cores (scripts/ci_slices.py). The parts overlap (the lab's chains, the
@@ -103,6 +107,27 @@ SLICES = {
         "source": "fitted 2026-12-02 with repairs to the full run; its tests run one after another in the main "
                   "session (test_61 to test_80 took 3070 s of the full run's 3571) beside the lab's chains",
     },
+    # lab-passthrough shaped as a RHEL-family host for the session: the landing tier's work on it (the
+    # vm_passthrough scenario, the switch there and back, the refused switch, test_95's re-run) then runs on UEFI
+    # boots through systemd-boot and dracut, and the kernel update follows. The grub-only checks of that chain (the
+    # claim taken out of /etc/default/grub, the owner's later edit of it) skip in such a session: lab-passthrough
+    # boots through grub in every landing without this slice.
+    "uefi": {
+        "claims": [
+            "the vm-passthrough preparation from pristine (check mode, one reboot, the verifier's nested guest), the "
+            "switch to container and back, the refused switch and the idempotent re-run (test_95) on a host that "
+            "boots the RHEL family's way: OVMF, systemd-boot entries written by kernel-install, dracut "
+            "(lab-passthrough with gpulab_boot: uefi)",
+            "a second kernel installed there gets the collection's arguments in its entry; an entry that lost them "
+            "is named by verify_hosts.yml and written again without a reboot (test_85)",
+        ],
+        "lab_settings": {"lab-passthrough": {"gpulab_boot": "uefi"}},
+        "paths": ["lab/labuefi.py", "plugins/module_utils/_bootloader.py", "plugins/module_utils/_cmdline.py",
+                  "plugins/modules/kernel_cmdline.py", "extensions/molecule/shared/distro_boot.yml"],
+        "core_seconds": 800,
+        "source": "estimated 2026-12-02 from the UEFI host's measurements (three reboots of 139-150 s against "
+                  "66 s, the kernel update 440 s); not yet fitted to a whole run",
+    },
 }
 
 
@@ -140,7 +165,8 @@ LAB_WORK = [
     Part("drift", "lab-passthrough", "a drifted host repaired, then skipped again", tier="repairs",
          after="refused switch"),
     Part("kernel entry", "lab-passthrough", "on a systemd-boot host (gpulab_boot: uefi): a new kernel's entry gets "
-         "the arguments, one that lost them is named and written again", tier="repairs", after="drift"),
+         "the arguments, one that lost them is named and written again (after the drift repair when repairs runs)",
+         tier="uefi", after="refused switch"),
     Part("dra_switch", "lab-dra", "dra to vm-passthrough and back after a kernel update", tier="kernels",
          after="scenario dra"),
     Part("kernel repair", "lab-dra", "a stale initramfs named and rebuilt alone; the old kernel's removal",
@@ -176,6 +202,29 @@ def parse_slices(text):
 
 def selected_slices(environ=None):
     return parse_slices((os.environ if environ is None else environ).get(SLICES_ENV, ""))
+
+
+def lab_settings(slices, existing=None):
+    """The per-host lab settings the selected `slices` need (their lab_settings), over those `existing` (the
+    LAB_SETTINGS_ENV value the session was given, JSON) gives: {} when none. Raises ValueError on an `existing` that
+    is not a JSON object, or two selected slices that set one host's setting to different values."""
+    merged = {}
+    if existing and existing.strip():
+        try:
+            merged = json.loads(existing)
+        except ValueError as exc:
+            raise ValueError("%s=%r is not JSON: %s" % (LAB_SETTINGS_ENV, existing, exc)) from None
+        if not isinstance(merged, dict):
+            raise ValueError("%s=%r is not a JSON object of host names" % (LAB_SETTINGS_ENV, existing))
+    owners = {}
+    for name in slices:
+        for host, values in SLICES[name].get("lab_settings", {}).items():
+            for key, value in values.items():
+                if (host, key) in owners and merged[host][key] != value:
+                    raise ValueError("the slices %s and %s both set %s of %s" % (owners[(host, key)], name, key, host))
+                owners[(host, key)] = name
+                merged.setdefault(host, {})[key] = value
+    return merged
 
 
 def runs(tier, slices):

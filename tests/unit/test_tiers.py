@@ -58,8 +58,23 @@ def test_a_deep_part_runs_only_with_its_slice_and_a_landing_part_always():
     assert tiers.part_runs("drift", ["repairs"])
     assert not tiers.part_runs("kernel repair", ["repairs"])
     assert tiers.part_runs("kernel repair", ["kernels"])
-    # kernel entry waits for drift: both in repairs.
-    assert tiers.part_runs("kernel entry", ["repairs"]) and not tiers.part_runs("kernel entry", ["kernels"])
+    # The kernel entry needs lab-passthrough on systemd-boot: the uefi slice's, after the refused switch (and the
+    # drift repair when repairs runs too).
+    assert tiers.part_runs("kernel entry", ["uefi"]) and not tiers.part_runs("kernel entry", ["repairs"])
+
+
+def test_a_slice_shapes_its_lab_hosts_over_the_given_settings():
+    assert tiers.lab_settings([]) == {} and tiers.lab_settings(["kernels", "cluster"], "") == {}
+    assert tiers.lab_settings(["uefi"]) == {"lab-passthrough": {"gpulab_boot": "uefi"}}
+    # What the session was given stays, for the other hosts and settings; the slice's own value wins.
+    given = json.dumps({"lab-passthrough": {"gpulab_boot": "bios", "gpulab_iommu": True},
+                        "lab-vgpu": {"gpulab_iommu": False}})
+    assert tiers.lab_settings(["uefi"], given) == {"lab-passthrough": {"gpulab_boot": "uefi", "gpulab_iommu": True},
+                                                   "lab-vgpu": {"gpulab_iommu": False}}
+    for bad in ("{", "[1]"):
+        with pytest.raises(ValueError) as err:
+            tiers.lab_settings(["uefi"], bad)
+        assert tiers.LAB_SETTINGS_ENV in str(err.value) and repr(bad) in str(err.value)
 
 
 def test_slices_are_parsed_and_a_wrong_name_is_named():
@@ -132,13 +147,34 @@ def test_a_changed_path_forces_its_slice_in():
 
 def test_a_slice_left_out_of_two_passed_runs_is_overdue():
     count = list(tiers.SLICES).index("kernels")
-    history = [passed("cluster"), passed("repairs"), passed("kernels", rc=2), passed("repairs")]
+    history = [passed("cluster", "uefi"), passed("repairs"), passed("kernels", rc=2), passed("repairs")]
     chosen, lines = ci_slices.pick(count, [], history, cores=2, budget_minutes=1000)
     verdicts = {name: (verdict, reason) for name, verdict, reason in lines}
-    # kernels' turn anyway; cluster has not passed in the last two passed runs: overdue (the failed run counts not).
-    assert chosen == ["kernels", "cluster"], lines
+    # kernels' turn anyway; cluster and uefi have not passed in the last two passed runs: overdue (the failed run
+    # counts not).
+    assert chosen == ["kernels", "cluster", "uefi"], lines
     assert verdicts["cluster"][1].startswith("overdue: not in the last 2 passed runs")
     assert verdicts["repairs"][0] == "not picked"
+
+
+def test_the_longest_overdue_slice_goes_first_when_the_budget_admits_one():
+    quick = tiers.COSTS["checks"]["core_seconds"] + tiers.COSTS[tiers.LANDING]["core_seconds"]
+    largest = max(spec["core_seconds"] for spec in tiers.SLICES.values())
+    budget = (quick + largest) / 2.0 / 60 + 0.1  # any one slice, never two
+    two = sorted(spec["core_seconds"] for spec in tiers.SLICES.values())[:2]
+    assert sum(two) > largest + 0.1 * 60 * 2
+    # uefi never passed here (four runs), repairs not in the last three, cluster not in the last two: uefi first,
+    # though it comes last in the slices' order.
+    history = [passed("repairs"), passed("cluster"), passed("kernels"), passed("kernels")]
+    count = list(tiers.SLICES).index("kernels")
+    chosen, lines = ci_slices.pick(count, [], history, cores=2, budget_minutes=budget)
+    verdicts = {name: (verdict, reason) for name, verdict, reason in lines}
+    assert chosen == ["uefi"], lines
+    assert verdicts["cluster"][0] == "left out" and verdicts["repairs"][0] == "left out"
+    assert verdicts["uefi"][1].startswith("overdue: not in the last 4 passed runs")
+    # Once uefi passed, repairs is the longest overdue.
+    chosen, _lines = ci_slices.pick(count, [], history + [passed("uefi")], cores=2, budget_minutes=budget)
+    assert chosen == ["repairs"]
 
 
 def test_a_slice_is_left_out_when_the_run_would_pass_the_budget():

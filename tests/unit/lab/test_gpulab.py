@@ -155,6 +155,25 @@ all:
     assert gpulab.lab_host_settings("b-host") == {} and gpulab.lab_host_settings("c-host") == {}
 
 
+def test_the_environment_sets_a_hosts_lab_settings_over_the_inventory(gpulab, monkeypatch):
+    write_hosts(gpulab, """
+all:
+  hosts: {a-host: {gpulab_boot: bios, gpulab_iommu: false}, b-host: null}
+""")
+    monkeypatch.setenv("GPUOPS_LAB_SETTINGS", json.dumps({"a-host": {"gpulab_boot": "uefi"}}))
+    assert gpulab.lab_host_settings("a-host") == {"gpulab_boot": "uefi", "gpulab_iommu": False}
+    assert gpulab.lab_host_settings("b-host") == {}
+    # A value that is not an object of gpulab_* settings is named, with what is expected.
+    for bad, named in (("{nope", "is not JSON"), ('["a-host"]', ': ["a-host"] is not an object'),
+                       ('{"a-host": {"gpuops_workload_type": "container"}}', "a-host: {'gpuops_workload_type'"),
+                       ('{"a-host": "uefi"}', "a-host: 'uefi'")):
+        monkeypatch.setenv("GPUOPS_LAB_SETTINGS", bad)
+        with pytest.raises(gpulab.LabError) as err:
+            gpulab.lab_host_settings("a-host")
+        assert "GPUOPS_LAB_SETTINGS" in str(err.value) and named in str(err.value), str(err.value)
+        assert "expected an object of host names" in str(err.value)
+
+
 def test_an_unreadable_inventory_is_named(gpulab):
     write_hosts(gpulab, "all: [unclosed\n")
     with pytest.raises(gpulab.LabError, match="cannot read the lab inventory .*hosts.yml"):
