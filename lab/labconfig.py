@@ -59,6 +59,9 @@ IMAGE_CMDLINE = "console=ttyS0,115200 no_timer_check mitigations=off intel_iommu
 SSH_USER = "root"
 MEMORY_MB = int(os.environ.get("GPUOPS_LAB_MEMORY", "1536"))
 CPUS = int(os.environ.get("GPUOPS_LAB_CPUS", "1"))
+# The emulated CPU of a host under software emulation (QEMU's -cpu; part of a saved boot's key, so another model
+# makes its own saved boots). GPUOPS_LAB_CPU sets it, for measuring a model against another.
+TCG_CPU = os.environ.get("GPUOPS_LAB_CPU") or "max"
 BOOT_TIMEOUT = int(os.environ.get("GPUOPS_LAB_BOOT_TIMEOUT", "900"))
 FINALISE_MARKER = "GPULAB-FINALISE-OK"
 

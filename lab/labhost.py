@@ -26,8 +26,8 @@ from labcommon import free_ports, port_free, read_json
 import labstate
 import labuefi
 import layout as layout_mod
-from labconfig import (CACHE, CLI, CPUS, INVENTORY_HOSTS, MEMORY_MB, STATE, LabError, image_path, lab_host_settings,
-                       log, read_text, run)
+from labconfig import (CACHE, CLI, CPUS, INVENTORY_HOSTS, MEMORY_MB, STATE, TCG_CPU, LabError, image_path,
+                       lab_host_settings, log, read_text, run)
 
 
 def qemu_base_cmd(name, accel, iommu=True):
@@ -37,7 +37,7 @@ def qemu_base_cmd(name, accel, iommu=True):
     if accel == "kvm":
         machine += ",kernel-irqchip=split"
     cmd = [
-        "qemu-system-x86_64", "-name", name, "-machine", machine, "-cpu", "max" if accel == "tcg" else "host",
+        "qemu-system-x86_64", "-name", name, "-machine", machine, "-cpu", TCG_CPU if accel == "tcg" else "host",
         "-smp", str(CPUS), "-m", str(MEMORY_MB), "-display", "none", "-monitor", "none",
     ]
     if iommu:
