@@ -2,6 +2,7 @@
 
 import fcntl
 import functools
+import importlib
 import json
 import os
 import re
@@ -98,12 +99,13 @@ SELECTED = {"slices": []}
 def pytest_configure(config):
     config.addinivalue_line("markers", "slice(name): the test belongs to the deep slice `name` "
                                        "(tests/integration/tiers.py), run when GPUOPS_SLICES names it")
+    labconfig = lab_module("labconfig")
     try:
         SELECTED["slices"] = tiers.selected_slices()
         # A slice that shapes a lab host otherwise (the uefi slice's lab-passthrough) says so to the lab's every
         # command of this session: the lab reads GPUOPS_LAB_SETTINGS over its inventory (lab/labconfig.py).
-        settings = tiers.lab_settings(SELECTED["slices"], os.environ.get(tiers.LAB_SETTINGS_ENV))
-    except ValueError as exc:
+        settings = tiers.lab_settings(SELECTED["slices"], labconfig.settings_overrides())
+    except (ValueError, labconfig.LabError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if settings:
         os.environ[tiers.LAB_SETTINGS_ENV] = json.dumps(settings, sort_keys=True)
@@ -865,19 +867,19 @@ def kernel_entry(host):
     return seen
 
 
-def lab_settings(host):
-    """A lab host's variables in the tracked lab inventory (inventories/lab/hosts.yml)."""
+def lab_module(name):
+    """A module of the lab tool (lab/<name>.py), imported as gpulab imports its parts."""
     sys.path.insert(0, os.path.join(TOP, "lab"))
     try:
-        import labcommon  # pylint: disable=import-outside-toplevel
-        import labconfig  # pylint: disable=import-outside-toplevel
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    with open(os.path.join(TOP, "inventories", "lab", "hosts.yml"), encoding="utf-8") as handle:
-        settings = labcommon.inventory_host_vars(yaml.safe_load(handle), host)
-    # What this session's slices set over the inventory (tiers.SLICES' lab_settings, through GPUOPS_LAB_SETTINGS).
-    settings.update(labconfig.settings_overrides().get(host, {}))
-    return settings
+
+
+def lab_settings(host):
+    """A lab host's gpulab_* settings as the lab reads them: the tracked inventory's (inventories/lab/hosts.yml), with
+    this session's slices' over them (GPUOPS_LAB_SETTINGS)."""
+    return lab_module("labconfig").lab_host_settings(host)
 
 
 def passthrough_host_steps(host="lab-passthrough", drift_too=True, entry_too=True):

@@ -14,7 +14,6 @@ Pure data and small functions only: scripts/ci_slices.py and the unit tests impo
 """
 
 import fnmatch
-import json
 import os
 import re
 
@@ -207,25 +206,12 @@ def selected_slices(environ=None):
 
 
 def lab_settings(slices, existing=None):
-    """The per-host lab settings the selected `slices` need (their lab_settings), over those `existing` (the
-    LAB_SETTINGS_ENV value the session was given, JSON) gives: {} when none. Raises ValueError on an `existing` that
-    is not a JSON object, or two selected slices that set one host's setting to different values."""
-    merged = {}
-    if existing and existing.strip():
-        try:
-            merged = json.loads(existing)
-        except ValueError as exc:
-            raise ValueError("%s=%r is not JSON: %s" % (LAB_SETTINGS_ENV, existing, exc)) from None
-        if not isinstance(merged, dict):
-            raise ValueError("%s=%r is not a JSON object of host names" % (LAB_SETTINGS_ENV, existing))
-    owners = {}
+    """The per-host lab settings the selected `slices` need (their lab_settings), over `existing` (what the session
+    was given in LAB_SETTINGS_ENV, as lab/labconfig.py's settings_overrides reads and checks it): {} when none."""
+    merged = {host: dict(values) for host, values in (existing or {}).items()}
     for name in slices:
         for host, values in SLICES[name].get("lab_settings", {}).items():
-            for key, value in values.items():
-                if (host, key) in owners and merged[host][key] != value:
-                    raise ValueError("the slices %s and %s both set %s of %s" % (owners[(host, key)], name, key, host))
-                owners[(host, key)] = name
-                merged.setdefault(host, {})[key] = value
+            merged.setdefault(host, {}).update(values)
     return merged
 
 

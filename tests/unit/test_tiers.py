@@ -64,17 +64,15 @@ def test_a_deep_part_runs_only_with_its_slice_and_a_landing_part_always():
 
 
 def test_a_slice_shapes_its_lab_hosts_over_the_given_settings():
-    assert tiers.lab_settings([]) == {} and tiers.lab_settings(["kernels", "cluster"], "") == {}
+    assert tiers.lab_settings([]) == {} and tiers.lab_settings(["kernels", "cluster"], {}) == {}
     assert tiers.lab_settings(["uefi"]) == {"lab-passthrough": {"gpulab_boot": "uefi"}}
-    # What the session was given stays, for the other hosts and settings; the slice's own value wins.
-    given = json.dumps({"lab-passthrough": {"gpulab_boot": "bios", "gpulab_iommu": True},
-                        "lab-vgpu": {"gpulab_iommu": False}})
+    # What the session was given stays, for the other hosts and settings; the slice's own value wins, and the given
+    # mapping is left as it was.
+    given = {"lab-passthrough": {"gpulab_boot": "bios", "gpulab_iommu": True}, "lab-vgpu": {"gpulab_iommu": False}}
     assert tiers.lab_settings(["uefi"], given) == {"lab-passthrough": {"gpulab_boot": "uefi", "gpulab_iommu": True},
                                                    "lab-vgpu": {"gpulab_iommu": False}}
-    for bad in ("{", "[1]"):
-        with pytest.raises(ValueError) as err:
-            tiers.lab_settings(["uefi"], bad)
-        assert tiers.LAB_SETTINGS_ENV in str(err.value) and repr(bad) in str(err.value)
+    assert given["lab-passthrough"]["gpulab_boot"] == "bios"
+    # A bad given value is the lab's to name (lab/labconfig.py settings_overrides, tests/unit/lab/test_gpulab.py).
 
 
 def test_slices_are_parsed_and_a_wrong_name_is_named():
