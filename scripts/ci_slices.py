@@ -14,7 +14,9 @@ The slices and their recorded costs are tests/integration/tiers.py. A slice is p
      the overdue slices together); the longest overdue first;
   2. changed: a path it proves changed since the last passed run recorded here (its commit an ancestor of HEAD); with
      no such run, in the last CHANGED_WINDOW commits;
-  3. rotation: the slice at index (the number of commits in HEAD's history) modulo the number of slices.
+  3. rotation: the slice at index (the number of commits in HEAD's history) modulo the number of slices;
+  4. room: every other slice, from the rotation's on, while the budget has room for it (so a machine whose record
+     was lost, or a landing with none of the above, still runs every slice the budget holds).
 Each is admitted only while the predicted time of the whole run (the quick tiers, the landing tier and the slices
 admitted so far, in recorded core-seconds over the machine's cores, scaled by how the last passed run's time
 compared with its own prediction) stays within the budget (GPUOPS_CI_BUDGET_MINUTES, 55 by default: CI's limit is
@@ -145,6 +147,9 @@ def pick(count, changed, history, cores, budget_minutes=BUDGET_MINUTES):
     rotation = names[count % len(names)]
     wanted.append((rotation, "rotation: commit %d of the history, %d modulo %d slices" % (count, count % len(names),
                                                                                           len(names))))
+    start = count % len(names)
+    for name in names[start:] + names[:start]:
+        wanted.append((name, "room: the budget holds it"))
     scale = scale_of(history)
     budget = budget_minutes * 60
     chosen, lines = [], []
@@ -158,9 +163,6 @@ def pick(count, changed, history, cores, budget_minutes=BUDGET_MINUTES):
         elif all(name != line[0] for line in lines):
             lines.append((name, "left out", "%s, but the run would be predicted at %.0f min, past the %.0f-min "
                                             "budget" % (reason, seconds / 60, budget_minutes)))
-    for name in names:
-        if all(name != line[0] for line in lines):
-            lines.append((name, "not picked", "neither overdue, changed nor its turn"))
     return [name for name in names if name in chosen], lines
 
 

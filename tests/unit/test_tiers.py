@@ -124,10 +124,19 @@ def passed(*slices, rc=0, seconds=None, predicted=None):
     return run
 
 
+def one_slice_budget():
+    """A budget in minutes that admits the landing tier with any one slice, never two."""
+    quick = tiers.COSTS["checks"]["core_seconds"] + tiers.COSTS[tiers.LANDING]["core_seconds"]
+    largest = max(spec["core_seconds"] for spec in tiers.SLICES.values())
+    two = sorted(spec["core_seconds"] for spec in tiers.SLICES.values())[:2]
+    assert sum(two) > largest + 0.1 * 60 * 2
+    return (quick + largest) / 2.0 / 60 + 0.1
+
+
 def test_the_rotation_goes_by_the_commit_count():
     names = list(tiers.SLICES)
     for count in range(6):
-        chosen, lines = ci_slices.pick(count, [], [], cores=2, budget_minutes=1000)
+        chosen, lines = ci_slices.pick(count, [], [], cores=2, budget_minutes=one_slice_budget())
         assert chosen == [names[count % len(names)]]
         assert ("rotation: commit %d" % count) in dict((n, r) for n, _v, r in lines)[chosen[0]]
     # The same commit and record give the same slices.
@@ -136,11 +145,33 @@ def test_the_rotation_goes_by_the_commit_count():
 
 def test_a_changed_path_forces_its_slice_in():
     names = list(tiers.SLICES)
-    count = names.index("kernels")  # kernels' turn: the change must add cluster
+    count = names.index("kernels")  # kernels' turn: the change must put cluster before it
     chosen, lines = ci_slices.pick(count, ["roles/gpu_operator/tasks/main.yml"], [], cores=2, budget_minutes=1000)
-    assert chosen == ["kernels", "cluster"]
+    assert chosen == names
     reasons = {name: reason for name, verdict, reason in lines if verdict == "runs"}
     assert reasons["cluster"].startswith("changed: roles/gpu_operator/tasks/main.yml")
+    assert reasons["kernels"].startswith("rotation:") and reasons["repairs"].startswith("room:")
+    # With room for one slice only, the changed one takes it from the rotation's.
+    chosen, _lines = ci_slices.pick(count, ["roles/gpu_operator/tasks/main.yml"], [], cores=2,
+                                    budget_minutes=one_slice_budget())
+    assert chosen == ["cluster"]
+
+
+def test_the_budget_s_room_is_filled_from_the_rotation_s_slice_on():
+    """With no record (a machine that lost it) and nothing changed, every slice the budget holds still runs."""
+    names = list(tiers.SLICES)
+    chosen, lines = ci_slices.pick(names.index("cluster"), [], [], cores=2, budget_minutes=1000)
+    assert chosen == names
+    assert [name for name, _verdict, _reason in lines] == ["cluster", "uefi", "kernels", "repairs"]
+    assert all(verdict == "runs" for _name, verdict, _reason in lines)
+    # Room for two: the rotation's slice and the next one after it, wrapping round.
+    quick = tiers.COSTS["checks"]["core_seconds"] + tiers.COSTS[tiers.LANDING]["core_seconds"]
+    pair = tiers.SLICES["uefi"]["core_seconds"] + tiers.SLICES["kernels"]["core_seconds"]
+    budget = (quick + pair) / 2.0 / 60 + 0.01
+    chosen, lines = ci_slices.pick(names.index("uefi"), [], [], cores=2, budget_minutes=budget)
+    assert chosen == ["kernels", "uefi"], lines
+    verdicts = {name: verdict for name, verdict, _reason in lines}
+    assert verdicts["repairs"] == verdicts["cluster"] == "left out"
 
 
 def test_a_slice_left_out_of_two_passed_runs_is_overdue():
@@ -148,19 +179,17 @@ def test_a_slice_left_out_of_two_passed_runs_is_overdue():
     history = [passed("cluster", "uefi"), passed("repairs"), passed("kernels", rc=2), passed("repairs")]
     chosen, lines = ci_slices.pick(count, [], history, cores=2, budget_minutes=1000)
     verdicts = {name: (verdict, reason) for name, verdict, reason in lines}
-    # kernels' turn anyway; cluster and uefi have not passed in the last two passed runs: overdue (the failed run
-    # counts not).
-    assert chosen == ["kernels", "cluster", "uefi"], lines
+    # kernels (its turn anyway) has not passed in the last three passed runs, cluster and uefi not in the last two:
+    # overdue (the failed run counts not), and first, the longest overdue first; repairs fills the room.
+    assert chosen == list(tiers.SLICES), lines
+    assert [name for name, _verdict, _reason in lines] == ["kernels", "cluster", "uefi", "repairs"]
+    assert verdicts["kernels"][1].startswith("overdue: not in the last 3 passed runs")
     assert verdicts["cluster"][1].startswith("overdue: not in the last 2 passed runs")
-    assert verdicts["repairs"][0] == "not picked"
+    assert verdicts["repairs"][1].startswith("room:")
 
 
 def test_the_longest_overdue_slice_goes_first_when_the_budget_admits_one():
-    quick = tiers.COSTS["checks"]["core_seconds"] + tiers.COSTS[tiers.LANDING]["core_seconds"]
-    largest = max(spec["core_seconds"] for spec in tiers.SLICES.values())
-    budget = (quick + largest) / 2.0 / 60 + 0.1  # any one slice, never two
-    two = sorted(spec["core_seconds"] for spec in tiers.SLICES.values())[:2]
-    assert sum(two) > largest + 0.1 * 60 * 2
+    budget = one_slice_budget()
     # uefi never passed here (four runs), repairs not in the last three, cluster not in the last two: uefi first,
     # though it comes last in the slices' order.
     history = [passed("repairs"), passed("cluster"), passed("kernels"), passed("kernels")]
