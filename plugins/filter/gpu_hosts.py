@@ -14,11 +14,12 @@ description:
   - Takes the host variables of the GPU hosts (C(groups['gpu_nodes'] | map('extract', hostvars))) and
     returns one entry per host with its Kubernetes node name, workload type, vGPU config, the labels
     and taints its node should carry (see P(gpuops.sandbox.gpu_node_labels#filter)), and its GPU facts.
-  - Reads C(gpuops_node_name) (default the inventory name), C(gpuops_workload_type) (default
-    C(container)), C(gpuops_vgpu_config_name), C(gpuops_mig_config) and C(gpuops_device_plugin_config) (container
-    nodes; checked by P(gpuops.sandbox.gpu_sharing_problems#filter)), C(gpuops_node_taints) (default null, taints left alone),
+  - Reads C(gpuops_node_name) (default the inventory name), the workload type (C(gpuops_workload_type), or else
+    the type the host's inventory group stands for: P(gpuops.sandbox.workload_type_of#filter)),
+    C(gpuops_vgpu_config_name), C(gpuops_mig_config) and C(gpuops_device_plugin_config) (container nodes; checked
+    by P(gpuops.sandbox.gpu_sharing_problems#filter)), C(gpuops_node_taints) (default null, taints left alone),
     C(gpu_facts_gpus) and C(gpu_facts_mdev_parents) (facts of M(gpuops.sandbox.gpu_facts)).
-  - Fails naming the host and the value for an unknown workload type, a vGPU config name that the vGPU
+  - Fails naming the host and the value for an unknown workload type or none, a vGPU config name that the vGPU
     device configuration does not hold, two hosts with the same node name, or GPU facts (C(gpu_facts_gpus),
     C(gpu_facts_host), C(gpu_facts_mdev_parents), as an inventory gives them for a host the collection does not
     read) of another shape than M(gpuops.sandbox.gpu_facts) returns; an ID written as a number of four digits
@@ -145,8 +146,10 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     VGPU_DEFAULT_CONFIG,
     PlanError,
     desired_host_devices,
+    host_workload_type,
     operator_os_tag,
     release_labels,
+    untyped_host_message,
     workload_labels,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._inventory_facts import check_facts
@@ -193,7 +196,9 @@ def gpu_hosts(hostvars_list, vgpu_device_config=None, vgpu_configs=None, pci_ven
         if fact_problems:
             raise AnsibleFilterError("; ".join(fact_problems))
         name = hv.get("gpuops_node_name") or host
-        wtype = hv.get("gpuops_workload_type") or "container"
+        wtype = host_workload_type(hv)
+        if not wtype:
+            raise AnsibleFilterError(untyped_host_message(host, hv.get("group_names")))
         config_name = hv.get("gpuops_vgpu_config_name") or None
         if name in seen:
             raise AnsibleFilterError("hosts %s and %s have the same node name %s; set gpuops_node_name" % (seen[name], host, name))

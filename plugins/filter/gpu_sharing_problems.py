@@ -81,6 +81,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sharing
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import host_workload_type
 from ansible_collections.gpuops.sandbox.plugins.module_utils._inventory_facts import check_facts, shown
 
 
@@ -134,7 +135,9 @@ def sharing_problems(hostvars_list, mig_strategy="single", mig_configs=None, mig
             problems.extend(fact_problems)
             continue
         node = hv.get("gpuops_node_name") or host
-        wtype = hv.get("gpuops_workload_type") or "container"
+        wtype = host_workload_type(hv)
+        if not wtype:
+            continue  # gpu_hosts refuses the host, naming it
         mig_config = hv.get("gpuops_mig_config") or None
         plugin_config = hv.get("gpuops_device_plugin_config") or None
         asked = [n for n, v in (("gpuops_mig_config", mig_config), ("gpuops_device_plugin_config", plugin_config)) if v]

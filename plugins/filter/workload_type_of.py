@@ -11,22 +11,24 @@ name: workload_type_of
 short_description: The workload type of a host, given or from its inventory groups
 version_added: 1.0.0
 description:
-  - The one rule that works out a GPU node's workload type, for the roles and playbooks that need it.
+  - The one rule that works out a GPU node's workload type, for every role and playbook that needs it, the cluster
+    half included.
   - The type given (the host's C(gpuops_workload_type)) wins when it is not empty. Otherwise the host's groups
     decide; C(container), C(vm_passthrough), C(vm_vgpu) and C(dra) stand for the types C(container),
     C(vm-passthrough), C(vm-vgpu) and C(dra). A host in no such group, or in groups of two different types, gets
-    the empty string, which the preflight role refuses with a message naming the host.
+    the empty string, which the preflight role and the cluster half refuse with a message naming the host.
   - The type given is returned as it is, valid or not; checking it is the preflight role's job.
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
   _input:
-    description: The host's group names (C(group_names)).
-    type: list
-    elements: str
+    description:
+      - The host's group names (C(group_names)), or all of a host's variables (C(hostvars[host])), whose
+        C(group_names) and C(gpuops_workload_type) are read.
+    type: raw
     required: true
   given:
-    description: The workload type set for the host, if any.
+    description: The workload type set for the host, if any; it wins over the one in the host's variables.
     type: str
     default: ""
 """
@@ -35,6 +37,10 @@ EXAMPLES = r"""
 - name: The workload type of each GPU node
   ansible.builtin.debug:
     msg: "{{ group_names | gpuops.sandbox.workload_type_of(gpuops_workload_type | default('')) }}"
+
+- name: The workload type of every GPU node, from the controller
+  ansible.builtin.debug:
+    msg: "{{ groups['gpu_nodes'] | map('extract', hostvars) | map('gpuops.sandbox.workload_type_of') | list }}"
 """
 
 RETURN = r"""
@@ -43,24 +49,22 @@ _value:
   type: str
 """
 
+from collections.abc import Mapping
+
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import WORKLOAD_TYPE_GROUPS
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import PlanError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import workload_type_of as _workload_type_of
 
 
-def workload_type_of(group_names, given=""):
-    if given is not None and not isinstance(given, str):
-        raise AnsibleFilterError("the workload type given must be a string, got %r" % (given,))
-    if given:
-        return given
-    if isinstance(group_names, str) or not isinstance(group_names, (list, tuple)):
-        raise AnsibleFilterError("workload_type_of takes the host's group names (a list), got %r" % (group_names,))
-    found = []
-    for name in group_names:
-        kind = WORKLOAD_TYPE_GROUPS.get(name)
-        if kind and kind not in found:
-            found.append(kind)
-    return found[0] if len(found) == 1 else ""
+def workload_type_of(value, given=""):
+    try:
+        if isinstance(value, Mapping):
+            # A play hands a host's variables as a Mapping (ansible-core 2.19: HostVarsVars), which is not a dict.
+            return _workload_type_of(list(value.get("group_names") or []), given or value.get("gpuops_workload_type") or "")
+        return _workload_type_of(value, given)
+    except PlanError as exc:
+        raise AnsibleFilterError(exc.msg)
 
 
 class FilterModule:

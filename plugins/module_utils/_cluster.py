@@ -50,6 +50,45 @@ class PlanError(GpuopsError):
 
 
 # ---------------------------------------------------------------------------------------------
+# A host's workload type: one rule for the host half and the cluster half
+# ---------------------------------------------------------------------------------------------
+
+def workload_type_of(group_names, given=""):
+    """The workload type of a host: ``given`` (its gpuops_workload_type) when not empty, returned as it is (checking
+    it is preflight's and workload_labels' job); otherwise the one type its inventory groups stand for
+    (WORKLOAD_TYPE_GROUPS), or "" when they stand for none or for two. Raises PlanError for input of the wrong
+    kind."""
+    if given is not None and not isinstance(given, str):
+        raise PlanError("the workload type given must be a string, got %r" % (given,))
+    if given:
+        return given
+    if isinstance(group_names, str) or not isinstance(group_names, (list, tuple)):
+        raise PlanError("workload_type_of takes the host's group names (a list), got %r" % (group_names,))
+    found = []
+    for name in group_names:
+        kind = WORKLOAD_TYPE_GROUPS.get(name)
+        if kind and kind not in found:
+            found.append(kind)
+    return found[0] if len(found) == 1 else ""
+
+
+def host_workload_type(host_vars):
+    """workload_type_of for a host's variables as a play holds them (hostvars[host]: gpuops_workload_type and the
+    group_names Ansible sets)."""
+    return workload_type_of(list(host_vars.get("group_names") or []), host_vars.get("gpuops_workload_type") or "")
+
+
+def untyped_host_message(host, group_names):
+    """Why a host without a workload type is refused, and the fix."""
+    typed = [name for name in group_names or [] if name in WORKLOAD_TYPE_GROUPS]
+    why = ("it is in the groups %s, which stand for different types" % ", ".join(typed) if len(typed) > 1
+           else "gpuops_workload_type is not set and none of its groups stands for a type")
+    return ("host %s has no workload type: %s; set gpuops_workload_type (one of %s) for the host or its group, or "
+            "put it in exactly one of the groups %s" % (host, why, ", ".join(WORKLOAD_TYPES),
+                                                        ", ".join(WORKLOAD_TYPE_GROUPS)))
+
+
+# ---------------------------------------------------------------------------------------------
 # Node labels and taints
 # ---------------------------------------------------------------------------------------------
 

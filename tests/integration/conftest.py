@@ -1385,9 +1385,15 @@ def gpu_host_vars(nodes, hosts=None):
     return host_vars
 
 
-def write_inventory(tmp_path, name, all_vars, host_vars, python):
-    """Write ``<tmp_path>/<name>.yml``: the GPU hosts in group gpu_nodes, localhost run with ``python``; return its path."""
-    doc = {"all": {"vars": all_vars, "children": {"gpu_nodes": {"hosts": host_vars}},
+def write_inventory(tmp_path, name, all_vars, host_vars, python, groups=None):
+    """Write ``<tmp_path>/<name>.yml``: the GPU hosts in group gpu_nodes (those ``groups`` names, {group: [host]}, in
+    that child group of it instead), localhost run with ``python``; return its path."""
+    host_vars = dict(host_vars)
+    children = {group: {"hosts": {host: host_vars.pop(host) for host in hosts}} for group, hosts in (groups or {}).items()}
+    gpu_nodes = {"hosts": host_vars}
+    if children:
+        gpu_nodes["children"] = children
+    doc = {"all": {"vars": all_vars, "children": {"gpu_nodes": gpu_nodes},
                    "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": python}}}}
     path = tmp_path / ("%s.yml" % name)
     path.write_text(yaml.safe_dump(doc))

@@ -496,8 +496,10 @@ def test_skipped_without_kubeconfig(kube_api, helm_repo, tmp_path):
 
 @pytest.mark.slice("cluster")
 def test_a_node_joins_with_limit_then_leaves_and_nothing_else_changes(kube_api, helm_repo, tmp_path):
-    """A node joins (lab-h200, a vm-passthrough host with an L40S) and the cluster half runs for it alone
-    (--limit lab-h200,localhost): it is labelled and its GPU permitted in the KubeVirt CR; no other node's labels,
+    """A node joins (lab-h200, a vm-passthrough host with an L40S, typed by its inventory group only and prepared by
+    another tool) and the cluster half runs for it alone (cluster.yml on its own, --limit lab-h200,localhost): it is
+    labelled as its group says (the one rule preflight uses, not a container default) and its GPU permitted in the
+    KubeVirt CR; no other node's labels,
     no other KubeVirt entry and no Helm release change, although the other hosts have no facts in such a run. The
     same run again changes nothing. Then playbooks/remove_nodes.yml takes it out again: cordoned, the collection's
     labels released and the GPU Operator's operands off, its KubeVirt entry gone, a user's label kept, and the
@@ -505,12 +507,13 @@ def test_a_node_joins_with_limit_then_leaves_and_nothing_else_changes(kube_api, 
     l40s = {"address": "0000:41:00.0", "vendor": "10de", "device": "26b9", "class": "030200", "driver": "vfio-pci",
             "is_vf": False, "mdev_types": [], "vgpu": None}
     joined = dict(NODES, **{"lab-h200": "vm-passthrough"})
-    host_vars = gpu_host_vars(joined, {"lab-h200": {"gpu_facts_gpus": [l40s]}})
+    host_vars = gpu_host_vars(joined, {"lab-h200": {"gpu_facts_gpus": [l40s], "gpuops_host_managed": False}})
+    del host_vars["lab-h200"]["gpuops_workload_type"]  # its group, vm_passthrough, types it
     for host in NODES:  # the hosts outside the limit: no facts in this run
         del host_vars[host]["gpu_facts_gpus"]
     all_vars = {"gpuops_kubeconfig": kube_api["kubeconfig"], "gpuops_vgpu_device_config": VGPU_CONFIG,
                 "ansible_python_interpreter": VENV_PYTHON}
-    inv = write_inventory(tmp_path, "joined", all_vars, host_vars, VENV_PYTHON)
+    inv = write_inventory(tmp_path, "joined", all_vars, host_vars, VENV_PYTHON, groups={"vm_passthrough": ["lab-h200"]})
     kubevirt_before = kget(kube_api, "kubevirt", "kubevirt", "-n", "kubevirt")
     before = snapshot(kube_api)
     try:

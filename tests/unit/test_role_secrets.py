@@ -234,6 +234,7 @@ def cluster(role, hosts=None, **extra):
         result = {role + "_kubeconfig": closed_kubeconfig(world, name, secret)}
         if hosts:
             result[role + "_hosts"] = [name]  # the test host itself, a container node
+            result["gpuops_workload_type"] = "container"
         result.update(extra)
         return result
     return variables

@@ -35,7 +35,7 @@ def test_gpu_hosts():
         {"inventory_hostname": "h1", "gpuops_workload_type": "vm-vgpu", "gpuops_vgpu_config_name": "A10-4Q"},
         {"inventory_hostname": "h2", "gpuops_node_name": "node-2", "gpuops_workload_type": "vm-passthrough",
          "gpuops_vgpu_config_name": "A10-4Q", "gpuops_node_taints": []},
-        {"inventory_hostname": "h3"},
+        {"inventory_hostname": "h3", "group_names": ["gpu_nodes", "container"]},  # typed by its group only
     ], config)
     assert [h["name"] for h in hosts] == ["h1", "node-2", "h3"]
     assert hosts[0]["vgpu_type_names"] == ["A10-4Q"] and hosts[0]["labels"]["nvidia.com/vgpu.config"] == "A10-4Q"
@@ -47,7 +47,35 @@ def test_gpu_hosts():
     with pytest.raises(AnsibleFilterError, match="host h1: vGPU config 'A10-8Q' is not in"):
         gpu_hosts([{"inventory_hostname": "h1", "gpuops_workload_type": "vm-vgpu", "gpuops_vgpu_config_name": "A10-8Q"}], config)
     with pytest.raises(AnsibleFilterError, match="same node name n"):
-        gpu_hosts([{"inventory_hostname": "a", "gpuops_node_name": "n"}, {"inventory_hostname": "b", "gpuops_node_name": "n"}])
+        gpu_hosts([{"inventory_hostname": "a", "gpuops_node_name": "n", "gpuops_workload_type": "container"},
+                   {"inventory_hostname": "b", "gpuops_node_name": "n", "gpuops_workload_type": "container"}])
+
+
+@pytest.mark.parametrize("groups, why", [
+    (["gpu_nodes"], "gpuops_workload_type is not set and none of its groups stands for a type"),
+    (["gpu_nodes", "container", "vm_vgpu"], "it is in the groups container, vm_vgpu, which stand for different types"),
+])
+def test_gpu_hosts_refuses_a_host_without_a_type(groups, why):
+    """The cluster half takes a host's type by the rule preflight uses: no default of its own."""
+    from ansible_collections.gpuops.sandbox.plugins.filter.gpu_hosts import gpu_hosts
+    with pytest.raises(AnsibleFilterError) as caught:
+        gpu_hosts([{"inventory_hostname": "h9", "group_names": groups}])
+    assert str(caught.value).startswith("host h9 has no workload type: %s; set gpuops_workload_type (one of container, "
+                                        "vm-passthrough, vm-vgpu, dra)" % why)
+
+
+@pytest.mark.parametrize("groups, given, expected", [
+    (["gpu_nodes", "vm_passthrough"], None, "vm-passthrough"),
+    (["gpu_nodes", "vm_vgpu"], "vm-passthrough", "vm-passthrough"),  # the type set for the host wins
+])
+def test_gpu_hosts_types_a_host_by_the_one_rule(groups, given, expected):
+    from ansible_collections.gpuops.sandbox.plugins.filter.gpu_hosts import gpu_hosts
+    host = {"inventory_hostname": "h1", "group_names": groups, "gpu_facts_gpus": [], "gpu_facts_mdev_parents": []}
+    if given:
+        host["gpuops_workload_type"] = given
+    [entry] = gpu_hosts([host])
+    assert entry["workload_type"] == expected
+    assert entry["labels"]["nvidia.com/gpu.workload.config"] == expected
 
 
 def test_gpu_hosts_names_a_pci_ids_path_it_cannot_read(tmp_path):

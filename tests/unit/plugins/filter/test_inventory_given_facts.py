@@ -67,7 +67,7 @@ def test_a_device_id_written_as_a_number_is_the_id():
     assert entry["resources"] == ["nvidia.com/GA102GL_A10"]
     h200 = from_yaml("h200", """
         gpu_facts_gpus: [{address: "0000:00:06.0", vendor: "10de", device: 2335, device_name: "GH100 [H200 SXM 141GB]"}]
-        """, gpuops_mig_config="eight")
+        """, gpuops_mig_config="eight", group_names=["gpu_nodes", "container"])
     [problem] = sharing_problems([h200], mig_configs=dict(OFF, **EIGHT))
     assert "a H200-141GB, fits at most 7 instances of 1g.18gb, not 8" in problem
 
