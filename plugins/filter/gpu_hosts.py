@@ -15,7 +15,7 @@ description:
     returns one entry per host with its Kubernetes node name, workload type, vGPU config, the labels
     and taints its node should carry (see P(gpuops.sandbox.gpu_node_labels#filter)), and its GPU facts.
   - Reads C(gpuops_node_name) (default the inventory name), the workload type (C(gpuops_workload_type), or else
-    the type the host's inventory group stands for: P(gpuops.sandbox.workload_type_of#filter)),
+    the type the host's inventory group stands for, by P(gpuops.sandbox.workload_type_of#filter)),
     C(gpuops_vgpu_config_name), C(gpuops_mig_config) and C(gpuops_device_plugin_config) (container nodes; checked
     by P(gpuops.sandbox.gpu_sharing_problems#filter)), C(gpuops_node_taints) (default null, taints left alone),
     C(gpu_facts_gpus) and C(gpu_facts_mdev_parents) (facts of M(gpuops.sandbox.gpu_facts)).
