@@ -17,6 +17,9 @@ The slices and their recorded costs are tests/integration/tiers.py. A slice is p
   3. rotation: the slice at index (the number of commits in HEAD's history) modulo the number of slices;
   4. room: every other slice, from the rotation's on, while the budget has room for it (so a machine whose record
      was lost, or a landing with none of the above, still runs every slice the budget holds).
+The record is this machine's runs with, before them, the landings the project keeps in .ci/landings.json (the same
+format; a developer adds CI's run of each landing from what CI reported), so a new machine, or one whose cache was
+emptied, still finds the slices overdue.
 Each is admitted only while the predicted time of the whole run (the quick tiers, the landing tier and the slices
 admitted so far, in recorded core-seconds over the machine's cores, scaled by how the last passed run's time
 compared with its own prediction) stays within the budget (GPUOPS_CI_BUDGET_MINUTES, 55 by default: CI's limit is
@@ -47,6 +50,8 @@ OVERDUE_AFTER = 2
 KEEP_RUNS = 30
 # How far the last run's own time may move the prediction (a slow hour, a faster machine).
 SCALE_LIMITS = (0.8, 1.6)
+# The landings CI ran, kept in the tree (CI's record on a machine is lost with the machine).
+LANDINGS = os.path.join(TOP, ".ci", "landings.json")
 # Written by the Makefile's integration recipe when the tier ends: {"rc": N, "seconds": S}.
 INTEGRATION_RESULT = os.path.join(TOP, ".build", "integration.result")
 
@@ -71,6 +76,13 @@ def read_history(path):
         return []
     runs = data.get("runs") if isinstance(data, dict) else None
     return [run for run in runs if isinstance(run, dict)] if isinstance(runs, list) else []
+
+
+def merged_history(landings, machine):
+    """The landings the tree keeps that this machine's record lacks (older: they were recorded before it, or on another
+    machine), then the machine's own runs."""
+    known = {run.get("commit") for run in machine}
+    return [run for run in landings if run.get("commit") not in known] + list(machine)
 
 
 def git(*args):
@@ -138,7 +150,7 @@ def pick(count, changed, history, cores, budget_minutes=BUDGET_MINUTES):
                 overdue.append((since, name))
         # The longest overdue first: when the budget admits only some, the others are the first the next run takes.
         for since, name in sorted(overdue, key=lambda item: -item[0]):
-            wanted.append((name, "overdue: not in the last %d passed runs recorded on this machine" % since))
+            wanted.append((name, "overdue: not in the last %d passed runs on record" % since))
     for name in names:
         hits = tiers.paths_match(tiers.SLICES[name]["paths"], changed)
         if hits:
@@ -167,7 +179,7 @@ def pick(count, changed, history, cores, budget_minutes=BUDGET_MINUTES):
 
 
 def cmd_pick(args):
-    history = read_history(args.state)
+    history = merged_history(read_history(args.landings), read_history(args.state))
     count = int(git("rev-list", "--count", "HEAD").strip())
     changed, base = changed_paths(history)
     cores = args.cores or os.cpu_count() or 2
@@ -217,6 +229,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--state", default=state_file(), help="this machine's record of CI runs")
     parser.add_argument("--cores", type=int, default=0, help="the machine's cores (default: os.cpu_count())")
+    parser.add_argument("--landings", default=LANDINGS, help="the landings the tree keeps (default: .ci/landings.json)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("pick", help="the slices for HEAD")
     record = sub.add_parser("record", help="record what a CI run did")

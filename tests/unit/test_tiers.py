@@ -292,6 +292,34 @@ def test_the_command_picks_for_head_and_records_the_run(tmp_path):
     assert bad.returncode == 2 and "no slice named kernel" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_the_landings_the_tree_keeps_come_before_the_machines_record():
+    machine = [passed("kernels"), dict(passed("cluster"), commit="b" * 40)]
+    landings = [dict(passed("uefi"), commit="a" * 40), passed("repairs")]  # the second is the machine's first run too
+    merged = ci_slices.merged_history(landings, machine)
+    assert [run["slices"] for run in merged] == [["uefi"], ["kernels"], ["cluster"]]
+    assert ci_slices.merged_history([], machine) == machine and ci_slices.merged_history(landings, []) == landings
+
+
+def test_a_new_machine_finds_the_overdue_slices_in_the_landings_the_tree_keeps(tmp_path):
+    """The machine's record is empty (a new machine); the tree's landings ran every slice but cluster in the last
+    two, so cluster is overdue."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=TOP, check=True, text=True, capture_output=True).stdout.strip()
+    others = [name for name in tiers.SLICES if name != "cluster"]
+    landings = tmp_path / "landings.json"
+    landings.write_text(json.dumps({"runs": [{"commit": head, "slices": others[:1], "rc": 0, "seconds": 2000},
+                                             {"commit": head, "slices": others[1:], "rc": 0, "seconds": 2000}]}))
+    env = dict(os.environ, GPUOPS_CI_BUDGET_MINUTES="1000")
+    picked = subprocess.run([sys.executable, SCRIPT, "--state", str(tmp_path / "none.json"), "--landings", str(landings),
+                             "--cores", "2", "pick"], cwd=TOP, env=env, check=False, text=True, capture_output=True,
+                            timeout=60)
+    assert picked.returncode == 0, picked.stderr
+    assert "ci_slices:   cluster  runs       overdue: not in the last 2 passed runs on record" in picked.stderr
+    # The tree's own file is well-formed, and holds landings of this history.
+    kept = ci_slices.read_history(ci_slices.LANDINGS)
+    assert kept and all(len(run["commit"]) == 40 and tiers.parse_slices(",".join(run["slices"])) == run["slices"]
+                        for run in kept)
+
+
 def test_the_testing_guide_names_every_slice_and_how_a_target_is_found():
     with open(os.path.join(TOP, "docs", "docsite", "rst", "guide_testing.rst"), encoding="utf-8") as handle:
         guide = handle.read()
