@@ -53,7 +53,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import PlanError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import PlanError, host_workload_type
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import workload_type_of as _workload_type_of
 
 
@@ -61,7 +61,7 @@ def workload_type_of(value, given=""):
     try:
         if isinstance(value, Mapping):
             # A play hands a host's variables as a Mapping (ansible-core 2.19: HostVarsVars), which is not a dict.
-            return _workload_type_of(list(value.get("group_names") or []), given or value.get("gpuops_workload_type") or "")
+            return host_workload_type(value, given)
         return _workload_type_of(value, given)
     except PlanError as exc:
         raise AnsibleFilterError(exc.msg)

@@ -72,10 +72,11 @@ def workload_type_of(group_names, given=""):
     return found[0] if len(found) == 1 else ""
 
 
-def host_workload_type(host_vars):
+def host_workload_type(host_vars, given=""):
     """workload_type_of for a host's variables as a play holds them (hostvars[host]: gpuops_workload_type and the
-    group_names Ansible sets)."""
-    return workload_type_of(list(host_vars.get("group_names") or []), host_vars.get("gpuops_workload_type") or "")
+    group_names Ansible sets); ``given``, when not empty, wins over their gpuops_workload_type."""
+    return workload_type_of(list(host_vars.get("group_names") or []),
+                            given or host_vars.get("gpuops_workload_type") or "")
 
 
 def untyped_host_message(host, group_names):

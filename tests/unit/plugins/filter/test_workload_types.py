@@ -15,6 +15,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.sandbox.plugins.filter.workload_type_of import FilterModule as WorkloadTypeOf
 from ansible_collections.gpuops.sandbox.plugins.filter.workload_types import FilterModule
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.host_vars import HostVars
 
 workload_types = FilterModule().filters()["workload_types"]
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))))
@@ -101,26 +102,6 @@ def test_no_role_or_playbook_keeps_its_own_group_map():
     assert found == []
 
 
-def _hostvars(**values):
-    """A host's variables as a play hands them: a Mapping that is not a dict (ansible-core 2.19's HostVarsVars)."""
-    from collections.abc import Mapping
-
-    class HostVarsVars(Mapping):
-        def __init__(self, data):
-            self._data = data
-
-        def __getitem__(self, key):
-            return self._data[key]
-
-        def __iter__(self):
-            return iter(self._data)
-
-        def __len__(self):
-            return len(self._data)
-
-    return HostVarsVars(values)
-
-
 @pytest.mark.parametrize("host_vars, given, expected", [
     (dict(group_names=["gpu_nodes", "vm_passthrough"]), "", "vm-passthrough"),       # typed by its group only
     (dict(group_names=["gpu_nodes", "vm_passthrough"], gpuops_workload_type="dra"), "", "dra"),
@@ -130,7 +111,7 @@ def _hostvars(**values):
 ])
 def test_the_type_from_a_hosts_variables(host_vars, given, expected):
     """The cluster half hands hostvars[host] (map('extract', hostvars) | map('gpuops.sandbox.workload_type_of'))."""
-    assert workload_type_of(_hostvars(**host_vars), given) == expected
+    assert workload_type_of(HostVars(host_vars), given) == expected
 
 
 OWN_DEFAULT = re.compile(r"gpuops_workload_type'?\s*(\|\s*default\(\s*'[a-z-]+'|,\s*default='[a-z-]+')"
@@ -140,7 +121,6 @@ OWN_DEFAULT = re.compile(r"gpuops_workload_type'?\s*(\|\s*default\(\s*'[a-z-]+'|
 def test_no_play_keeps_a_default_type_of_its_own():
     """Every play types a host by workload_type_of; reading gpuops_workload_type with a default of its own (the cluster
     half's `container` once) types a node by its group differently from preflight."""
-    own = OWN_DEFAULT
     found = []
     for folder in ("roles", "playbooks", "plugins"):
         for root, _dirs, files in os.walk(os.path.join(TOP, folder)):
@@ -149,15 +129,15 @@ def test_no_play_keeps_a_default_type_of_its_own():
                     path = os.path.join(root, name)
                     with open(path, encoding="utf-8") as handle:
                         for number, line in enumerate(handle, 1):
-                            if own.search(line):
+                            if OWN_DEFAULT.search(line):
                                 found.append("%s:%d" % (os.path.relpath(path, TOP), number))
     assert found == []
 
 
 def test_the_checker_sees_an_own_default():
-    own = OWN_DEFAULT
-    assert own.search("map(attribute='gpuops_workload_type', default='container')")
-    assert own.search("{{ gpuops_workload_type | default('container') }}")
-    assert own.search('wtype = hv.get("gpuops_workload_type") or "container"')
-    assert not own.search("gpuops_workload_type | default('')")
-    assert not own.search('host_vars.get("gpuops_workload_type") or ""')
+    own = OWN_DEFAULT.search
+    assert own("map(attribute='gpuops_workload_type', default='container')")
+    assert own("{{ gpuops_workload_type | default('container') }}")
+    assert own('wtype = hv.get("gpuops_workload_type") or "container"')
+    assert not own("gpuops_workload_type | default('')")
+    assert not own('host_vars.get("gpuops_workload_type") or ""')
