@@ -147,6 +147,13 @@ def test_site_is_a_noop_on_prepared_hosts(site_run, settled_lab, kube_api):
         # The readiness table has the host, its type from the inventory groups, and READY yes.
         assert re.search(r"%s\s+(container|vm-passthrough|vm-vgpu|dra)\s+yes\b" % re.escape(host), out), out[-4000:]
     assert not re.search(r"TASK \[[^\]]*Reboot once[^\]]*\][^\n]*\n(?:(?![^\n]*TASK \[)[^\n]*\n)*?[^\n]*changed: ", out)
+    # Each host's plan, shown by its preflight before anything could change, was empty, and no boot phase found a
+    # reason to reboot its plan had not.
+    assert "did not foresee" not in out, out[out.find("did not foresee") - 3000:][:6000]
+    for host in settled_lab:
+        # Under the json result format (ansible-runner's events) or the yaml one.
+        assert re.search(r'ok: \[%s\] =>\s*(\{\s*"msg": \[\s*"nothing to change"\s*\]|msg:\s*- nothing to change)'
+                         % re.escape(host), out), (host, out[-4000:])
     # The cluster half ran against the API server: the lab's Nodes carry their workload labels.
     assert re.search(r"^localhost\s+:.*failed=0", recap, re.M), recap
     kubectl = [os.path.join(kube_api["bin_dir"], "kubectl"), "--kubeconfig", kube_api["kubeconfig"]]
@@ -169,6 +176,32 @@ def test_site_is_a_noop_on_prepared_hosts(site_run, settled_lab, kube_api):
         assert entry in phd.get("mediatedDevices", []), (entry, phd)
     summary = re.search(r"KubeVirt (\d+) PCI \+ (\d+) mediated entries", out)
     assert summary and int(summary.group(2)) >= len(types), out[-3000:]
+
+
+def test_the_plan_of_the_prepared_lab_is_empty(site_run, settled_lab, tmp_path):
+    """playbooks/plan.yml on the lab the scenarios prepared (after site.yml's run, which changed nothing): every host
+    it connects to reads "nothing to change" in the table and "empty" in the JSON, the host another tool prepares
+    reads as managed elsewhere, and nothing changed."""
+    del site_run  # after it: the cluster half's run leaves the hosts as they were
+    document = str(tmp_path / "plan.json")
+    proc = run_cmd(["ansible-playbook", "playbooks/plan.yml", "-i", "inventories/lab/",
+                    "-e", "gpuops_plan_file=" + document], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    out = proc.stdout
+    assert "changed=0" in out and "Traceback" not in out, out[-3000:]
+    with open(document, encoding="utf-8") as handle:
+        plans = json.load(handle)
+    for host in settled_lab:
+        plan = plans[host]
+        assert plan["empty"] is True and plan["reboot"]["required"] is False, (host, plan)
+        assert plan["changes"] == [] and plan["refusals"] == [], (host, plan)
+    assert plans["lab-h200"]["managed"] is False
+    # The table under the lab's yaml result format: a row a host, its plan under it.
+    for host in settled_lab:
+        assert re.search(r"^\s*%s\s+(container|vm-passthrough|vm-vgpu|dra)\s+no\n\s+- nothing to change$"
+                         % re.escape(host), out, re.M), out[-4000:]
+    assert re.search(r"\d+ GPU nodes: 0 refused, 0 would reboot, %d with nothing to change, 1 managed"
+                     % len(settled_lab), " ".join(out.split())), out[-3000:]
 
 
 def test_site_shares_the_container_nodes_gpus(site_run, kube_api):
