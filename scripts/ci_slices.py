@@ -115,11 +115,18 @@ def changed_paths(history):
     return git("ls-files").split(), "the whole tree (a history of %d commits)" % count
 
 
-def scale_of(history):
-    """How the last passed run's seconds compared with its prediction, within SCALE_LIMITS (1.0 without one)."""
+def scale_of(history, cores=None):
+    """How the last passed run's seconds compared with its prediction, within SCALE_LIMITS (1.0 without one).
+
+    With ``cores``, the prediction is the one today's recorded costs (tests/integration/tiers.py) make for that run's
+    slices, not the one stored when it ran: once the costs are refitted to that run, its scale is 1 again instead
+    of correcting the refitted costs a second time."""
     for run in reversed(history):
         if integration_passed(run) and run.get("predicted_seconds") and run.get("seconds"):
-            ratio = float(run["seconds"]) / float(run["predicted_seconds"])
+            predicted = float(run["predicted_seconds"])
+            if cores and isinstance(run.get("slices"), list) and all(n in tiers.SLICES for n in run["slices"]):
+                predicted = predicted_seconds(run["slices"], cores)
+            ratio = float(run["seconds"]) / predicted
             return min(max(ratio, SCALE_LIMITS[0]), SCALE_LIMITS[1])
     return 1.0
 
@@ -162,7 +169,7 @@ def pick(count, changed, history, cores, budget_minutes=BUDGET_MINUTES):
     start = count % len(names)
     for name in names[start:] + names[:start]:
         wanted.append((name, "room: the budget holds it"))
-    scale = scale_of(history)
+    scale = scale_of(history, cores)
     budget = budget_minutes * 60
     chosen, lines = [], []
     for name, reason in wanted:
@@ -186,7 +193,7 @@ def cmd_pick(args):
     budget = float(os.environ.get("GPUOPS_CI_BUDGET_MINUTES") or BUDGET_MINUTES)
     chosen, lines = pick(count, changed, history, cores, budget)
     print("ci_slices: HEAD %s, %d commits; changes since %s; %d cores; prediction scale %.2f" % (
-        git("rev-parse", "--short=12", "HEAD").strip(), count, base, cores, scale_of(history)), file=sys.stderr)
+        git("rev-parse", "--short=12", "HEAD").strip(), count, base, cores, scale_of(history, cores)), file=sys.stderr)
     for name, verdict, reason in lines:
         print("ci_slices:   %-8s %-10s %s" % (name, verdict, reason), file=sys.stderr)
     print(",".join(chosen))

@@ -228,7 +228,20 @@ def test_the_last_passed_runs_time_scales_the_prediction():
     quick = tiers.COSTS["checks"]["core_seconds"] + tiers.COSTS[tiers.LANDING]["core_seconds"]
     budget = (quick + tiers.SLICES["cluster"]["core_seconds"]) / 2.0 / 60 + 0.1
     assert ci_slices.pick(count, [], [], 2, budget)[0] == ["cluster"]
-    assert ci_slices.pick(count, [], [passed(seconds=1300, predicted=1000)], 2, budget)[0] == []
+    # A run 30 % slower than today's costs predict for it scales the next prediction up by as much.
+    slower = round(ci_slices.predicted_seconds([], 2) * 1.3)
+    assert ci_slices.pick(count, [], [passed(seconds=slower, predicted=1000)], 2, budget)[0] == []
+
+
+def test_the_scale_compares_with_todays_costs_so_a_refit_is_not_corrected_twice():
+    """A run recorded with the prediction of costs refitted since is compared with what today's costs predict."""
+    today = ci_slices.predicted_seconds(["cluster"], 2)
+    run = passed("cluster", seconds=round(today * 1.1), predicted=round(today * 2))
+    assert ci_slices.scale_of([run]) == ci_slices.SCALE_LIMITS[0]  # the stored prediction: 0.55, bounded
+    assert ci_slices.scale_of([run], cores=2) == pytest.approx(1.1, abs=0.01)
+    # A run of a slice no longer declared keeps its stored prediction.
+    gone = passed("retired", seconds=1200, predicted=1000)
+    assert ci_slices.scale_of([gone], cores=2) == pytest.approx(1.2)
 
 
 def test_a_run_whose_integration_tier_passed_counts_for_its_slices_and_the_scale():
