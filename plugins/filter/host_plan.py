@@ -77,10 +77,9 @@ EXAMPLES = r"""
       {{ gpu_facts_gpus | gpuops.sandbox.host_plan(gpu_facts_iommu, gpu_facts_host,
            {'workload_type': 'vm-passthrough', 'vendor_ids': ['10de']}, mdev_parents=gpu_facts_mdev_parents) }}
 
-- name: Show the plans of the GPU nodes
+- name: Say why the host would reboot
   ansible.builtin.debug:
-    msg: "{{ groups['gpu_nodes'] | map('extract', hostvars, 'plan') | list
-             | gpuops.sandbox.plan_table(groups['gpu_nodes'], lines=true) }}"
+    msg: "{{ plan.reboot.reasons | join(', ') if plan.reboot.required else 'no reboot' }}"
 """
 
 RETURN = r"""
