@@ -307,8 +307,8 @@ def test_the_plan_table_reads_per_host_and_counts(monkeypatch, tmp_path):
     tree = lab_host(tmp_path / "b", iommu=True)
     prepare_as_passthrough(tree)
     prepared = plan_of(monkeypatch, tree, "vm-passthrough")
-    refused = plan_of(monkeypatch, lab_host(tmp_path / "c"), "vm-passthrough", selectors={"vendors": ["10de"],
-                                                                                         "classes": ["030200"]})
+    nvidia = {"vendors": ["10de"], "classes": ["030200"]}
+    refused = plan_of(monkeypatch, lab_host(tmp_path / "c"), "vm-passthrough", selectors=nvidia)
     lines = plan_table([pristine, prepared, refused], ["lab-passthrough", "lab-ready", "lab-refused", "gone"],
                        width=72, lines=True)
     assert max(len(line) for line in lines) <= 72
