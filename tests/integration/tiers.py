@@ -26,19 +26,22 @@ LAB_SETTINGS_ENV = "GPUOPS_LAB_SETTINGS"
 # What each part adds to a whole run, in core-seconds of the 2-core machine CI runs on: the run's wall time is
 # predicted as their sum over the cores (scripts/ci_slices.py). The parts overlap (the lab's chains, the
 # controller's tests and the quick tiers run side by side), so a part's figure is what it adds to the run's wall
-# time times the cores, not its own CPU; its own CPU is in the measurements page. Fitted on 2026-12-02 to two whole
-# runs of this machine: CI's run of 5f005c3 (landing tier and kernels, 2590 s from the clean clone to the end) and
-# make test-full on a fresh clone of 8b3c14b (every slice, 3627 s; the unit tier on two older cores beside it at
-# the lowest priority). The history is in docs/docsite/rst/guide_measurements.rst.
+# time times the cores, not its own CPU; its own CPU is in the measurements page. Refitted on 2026-12-02 (fourth
+# session) to three whole runs of the machine CI ran 99e3208 on, the lab's CPU without ERMS: make test on a fresh
+# clone of 1f2a0ce (the landing tier alone, 1734 s), CI's run of 99e3208 (landing, cluster and uefi, 2670 s as
+# .ci/run timed it) and make test-full on a fresh clone of 10e7a4b (every slice, about 3702 s). The landing tier and
+# the checks come from the first; cluster and uefi together from the second less the first, split as their earlier
+# fit; kernels and repairs together from the third less the second, split the same way. The history is in
+# docs/docsite/rst/guide_measurements.rst.
 COSTS = {
     # lint, sanity, unit at nice 10 beside the integration tier; the Kubernetes binaries and the image are cached.
-    # In the full run the unit tier took 1936 s of wall time beside the lab, well inside the integration tier's.
-    "checks": {"core_seconds": 1000, "source": "fitted 2026-12-02 (with the landing tier: 4400)"},
+    # The unit tier took 626 s of wall beside the landing tier alone, 1519 s beside every slice.
+    "checks": {"core_seconds": 1000, "source": "fitted 2026-12-02 (with the landing tier: 3468, 1734 s alone)"},
     # Its wall time is set by its longest chain (lab-passthrough: the vm_passthrough scenario, then the switch and
-    # the refused switch, ended 2534 s into the full run's integration tier) more than by its CPU.
-    LANDING: {"core_seconds": 3400,
-              "source": "fitted 2026-12-02: the venv, the cached image and binaries and the lab-passthrough chain "
-                        "with test_95 after it, about 2200 s of a 2-core run with the checks"},
+    # the refused switch, ended 1433 s into the integration tier of 683a9e9) more than by its CPU.
+    LANDING: {"core_seconds": 2468,
+              "source": "fitted 2026-12-02: make test on a fresh clone of 1f2a0ce, 1734 s with the checks (the "
+                        "integration tier 1705 s, 3301 of 3410 core-seconds busy)"},
 }
 
 SLICES = {
@@ -56,10 +59,10 @@ SLICES = {
                   "roles/host_prepare/*", "roles/host_verify/*", "roles/host_reboot/*", "roles/preflight/*",
                   "playbooks/prepare_hosts.yml", "playbooks/verify_hosts.yml", "playbooks/switch*.yml",
                   "extensions/molecule/dra_switch/*", "extensions/molecule/shared/*", "lab/*"],
-        "core_seconds": 780,
-        "source": "fitted 2026-12-02: CI's run of 5f005c3 (landing and kernels, 2590 s) less the landing tier; its "
-                  "own CPU in the full run: lab-dra's QEMU 760 core-seconds after the dra scenario, and the "
-                  "controller's Ansible for the two plays (dra_switch 1651 s and the kernel repair 182 s of wall)",
+        "core_seconds": 1088,
+        "source": ("refitted 2026-12-02: with repairs, make test-full of 10e7a4b (3702 s) less CI's run of 99e3208 "
+                   "(2670 s), 2064 core-seconds, split 780:700 as before; its own QEMU CPU there: lab-dra 861 in "
+                   "all, its chain ending 3342 s into the tier"),
     },
     "repairs": {
         "claims": [
@@ -74,9 +77,9 @@ SLICES = {
                   "plugins/modules/kernel_modules.py", "roles/host_prepare/*", "roles/preflight/*",
                   "roles/host_reboot/*", "playbooks/prepare_hosts.yml", "lab/gpulab.py", "lab/labcommon.py", "lab/labstate.py",
                   "lab/labreboot.py", "lab/labhost.py"],
-        "core_seconds": 700,
-        "source": "fitted 2026-12-02 with cluster to the full run (together 2074 of its 7254); its own QEMU CPU "
-                  "there: lab-vgpu about 340 after its scenario, lab-nonet 96, the held host and the drift about 50",
+        "core_seconds": 976,
+        "source": ("refitted 2026-12-02 with kernels (see there); its own QEMU CPU in the full run of 10e7a4b: "
+                   "lab-vgpu's power loss run 1354 s of wall, the network-less host 103 core-seconds"),
     },
     "cluster": {
         "claims": [
@@ -102,9 +105,9 @@ SLICES = {
                   "lab/kubefixtures.py", "tests/fixtures/*",
                   "docs/*", "galaxy.yml", "meta/*", "execution-environment.yml", "scripts/build-docs.sh",
                   "scripts/galaxy-import.sh"],
-        "core_seconds": 1400,
-        "source": "fitted 2026-12-02 with repairs to the full run; its tests run one after another in the main "
-                  "session (test_61 to test_80 took 3070 s of the full run's 3571) beside the lab's chains",
+        "core_seconds": 1191,
+        "source": ("refitted 2026-12-02: with uefi, CI's run of 99e3208 (2670 s) less make test of 1f2a0ce (1734 s), "
+                   "1872 core-seconds, split 1400:800 as before; test_70 alone 2655 s of wall in the full run"),
     },
     # lab-passthrough shaped as a RHEL-family host for the session: the landing tier's work on it (the
     # vm_passthrough scenario, the switch there and back, the refused switch, test_95's re-run) then runs on UEFI
@@ -123,11 +126,10 @@ SLICES = {
         "lab_settings": {"lab-passthrough": {"gpulab_boot": "uefi"}},
         "paths": ["lab/labuefi.py", "plugins/module_utils/_bootloader.py", "plugins/module_utils/_cmdline.py",
                   "plugins/modules/kernel_cmdline.py", "extensions/molecule/shared/distro_boot.yml"],
-        "core_seconds": 800,
-        "source": "estimated 2026-12-02 from make test-full on a fresh clone of 20970a5 (every slice, 3450 s): "
-                  "lab-passthrough's QEMU 1382 core-seconds against 780 on grub in the full run of 8b3c14b, its "
-                  "chain ending 409 s later at the refused switch and the kernel entry 293 s after the drift; the "
-                  "runs' own spread (3450 against 3627 s) is larger than the slice, so not fitted to wall time yet",
+        "core_seconds": 681,
+        "source": ("refitted 2026-12-02 with cluster (see there); lab-passthrough's QEMU 1189 core-seconds on UEFI in "
+                   "the full run of 10e7a4b against 574 on grub in make test of 1f2a0ce, its chain ending at the "
+                   "kernel entry 3401 s into the tier"),
     },
 }
 
