@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     IOMMU_WORKLOAD_TYPES,
     WORKLOAD_TYPES,
@@ -72,14 +74,10 @@ def _strings(name, value):
 
 
 def _flag(name, value):
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "yes", "on", "1"):
-        return True
-    if text in ("false", "no", "off", "0", ""):
-        return False
-    raise PlanError("%s must be true or false, got %r" % (name, value))
+    try:
+        return boolean(value, strict=True)
+    except TypeError:
+        raise PlanError("%s must be true or false, got %r" % (name, value))
 
 
 def _settings(settings):
