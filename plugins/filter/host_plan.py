@@ -35,6 +35,10 @@ description:
     C(mdev), the vGPU device count by parent and type; C(sriov), the VF count by physical function).
   - C(selectors) - the C(vendors) and C(classes) arguments of gpu_facts and vfio_bind, from the vendor, device and
     class IDs.
+  - C(settings) - the inputs the calls were worked out from, normalised (C(workload_type), C(vendors), C(class_ids),
+    C(vfio_binding), C(vgpu_devices), C(iommu_pt), C(vfio_group_drivers), C(remove_vfio_claims),
+    C(dra_stop_blockers), C(dra_driver_version), C(vfio_modules), C(vfio_softdeps)); the host_prepare role checks
+    its own inputs against them.
   - A setting of the wrong kind (an unknown workload type or device owner, a list that is not one) raises an
     error naming it.
 author:

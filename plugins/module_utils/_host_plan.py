@@ -55,6 +55,12 @@ DEFAULTS = {
 }
 
 
+# The settings the plan's calls depend on, returned with the plan (the vendor and device IDs as their selectors).
+PLANNED_SETTINGS = ("workload_type", "vendors", "class_ids", "vfio_binding", "vgpu_devices", "iommu_pt",
+                    "vfio_group_drivers", "remove_vfio_claims", "dra_stop_blockers", "dra_driver_version",
+                    "vfio_modules", "vfio_softdeps")
+
+
 def gpu_selectors(vendor_ids, device_ids=None):
     """The vendors argument of gpu_facts and vfio_bind: the vendor IDs, or each vendor with each device ID."""
     vendor_ids = [str(v) for v in _strings("gpuops_gpu_vendor_ids", vendor_ids)]
@@ -98,6 +104,7 @@ def _settings(settings):
     if not isinstance(merged["supported_os"], Mapping):
         raise PlanError("supported_os must map an os-release ID to its releases, got %r" % (merged["supported_os"],))
     merged["vendors"] = gpu_selectors(merged["vendor_ids"], merged["device_ids"])
+    merged["dra_driver_version"] = str(merged["dra_driver_version"])
     return merged
 
 
@@ -147,16 +154,22 @@ def _gpu_refusals(plan, s, gpus, iommu, host):
     held = [g["address"] for g in gpus if g.get("driver") == "nvidia"] if driver.get("source") == "host" else []
     operator_binds = kind == "vm-passthrough" and s["vfio_binding"] == "operator"
     operator_vgpu = kind == "vm-vgpu" and s["vgpu_devices"] == "operator"
+    # The operator's vfio-manager skips GPUs a host driver holds, without a word, and its vGPU Manager cannot load
+    # beside that driver; with the collection binding the GPUs, vfio_bind takes them off it and keeps them off.
     if held and (operator_binds or operator_vgpu):
-        plan.refuse("host driver", "the GPUs %s are held by the NVIDIA driver installed on the host (%s)"
-                    % (", ".join(held), driver.get("host_module")),
+        plan.refuse("host driver", "the GPUs %s are held by the NVIDIA driver installed on the host (%s%s), %s"
+                    % (", ".join(held), driver.get("host_module"),
+                       ", version %s" % driver["version"] if driver.get("version") else "",
+                       "which the GPU Operator's vfio-manager leaves alone, so they would never reach VMs"
+                       if operator_binds else "beside which the GPU Operator's vGPU Manager cannot load"),
                     "remove the host's NVIDIA driver packages" + (
                         ", or let the collection bind the GPUs (gpuops_vfio_binding: host)" if operator_binds else ""))
     mig = [g["address"] for g in gpus if g.get("mig_instances")]
     if mig:
-        plan.refuse("MIG mode", "the GPUs %s have MIG GPU instances" % ", ".join(mig),
-                    "keep the host a container node with gpuops_mig_config: all-disabled until its node's "
-                    "nvidia.com/mig.config.state is success, then switch it")
+        plan.refuse("MIG mode", "the GPUs %s have MIG GPU instances (MIG mode, from the host's time as a container "
+                    "node)" % ", ".join(mig),
+                    "keep the host a container node with gpuops_mig_config: all-disabled, run the cluster play and "
+                    "wait until its node's nvidia.com/mig.config.state is success; then switch it")
 
 
 def _module_files(plan, s, host, gpus):
@@ -366,4 +379,6 @@ def host_plan(settings, gpus, iommu, host, vgpu=None):
         "expected": {"vfio": vfio, "kernel_arguments": arguments, "mdev": expected["mdev"],
                      "sriov": expected["sriov"]},
         "empty": not plan.changes and not plan.refusals,
+        # What the calls were worked out from: host_prepare checks that its own inputs are these.
+        "settings": {name: s[name] for name in PLANNED_SETTINGS},
     }

@@ -722,9 +722,11 @@ PREFLIGHT_FAILURES = [
      r"no IOMMU table \(no ACPI DMAR or IVRS\).*Nothing was changed"),
     # A DRA node needs the IOMMU as much: its driver binds the GPU to vfio-pci for a VM's claim.
     ("dra-iommu-off-in-firmware", ["-e", "gpuops_workload_type=dra"],
-     r"lab-container is a dra node but its firmware has no IOMMU table \(no ACPI DMAR or IVRS\).*Nothing was changed"),
+     r"lab-container cannot be prepared as a dra node: the firmware has no IOMMU table \(no ACPI DMAR or IVRS\)"
+     r".*Nothing was changed"),
     ("unsupported-os", ["-e", '{"preflight_supported_os": {"ubuntu": ["24.04"], "rocky": ["9"]}}'],
-     r"ID=debian, VERSION_ID=12\), which is not supported; supported: ubuntu 24.04, rocky 9.*Nothing was changed"),
+     r"\(ID=debian, VERSION_ID=12\) is not supported \(operating system\); use one of: ubuntu 24\.04, rocky 9"
+     r".*Nothing was changed"),
     ("bad-workload-type", ["-e", "gpuops_workload_type=gpu-magic"],
      r"preflight_workload_type must be one of: , container, vm-passthrough, vm-vgpu, dra, got: gpu-magic"),
 ]

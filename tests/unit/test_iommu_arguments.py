@@ -1,42 +1,50 @@
-"""The kernel arguments host_prepare puts on a VM node's command line, by CPU vendor.
+"""The kernel arguments a VM node's plan puts on its command line, by CPU vendor, and host_prepare's call of them.
 
 The kernel knows intel_iommu=on; it has no amd_iommu=on (AMD-Vi is on whenever the firmware has an IVRS table,
 and the amd_iommu= values only tune it or turn it off), so an AMD host gets iommu=pt alone.
 """
 
-import os
-
 import pytest
-import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar
 
-try:
-    from ansible.template import trust_as_template
-except ImportError:  # ansible-core before 2.19 (scripts/test-cores.sh) templates every string it is given
-    def trust_as_template(value):
-        return value
+from ansible_collections.gpuops.sandbox.plugins.filter.host_plan import host_plan
+from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
 
-TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GPU = {"address": "0000:65:00.0", "driver": "nvidia"}
 
 
-def iommu_task():
-    with open(os.path.join(TOP, "roles", "host_prepare", "tasks", "boot.yml"), encoding="utf-8") as handle:
-        tasks = yaml.safe_load(handle)
-    return next(t for t in tasks if t["name"] == "Turn the IOMMU on in the kernel command line")
+def plan(vendor, pt, workload_type="vm-passthrough"):
+    iommu = {"enabled": False, "platform_vendor": vendor, "firmware_tables": ["DMAR" if vendor == "intel" else "IVRS"],
+             "cmdline": "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro"}
+    return host_plan([GPU], iommu, {}, {"workload_type": workload_type, "iommu_pt": pt})
+
+
+def boot_task(name):
+    return next(t for t in load("roles/host_prepare/tasks/boot.yml") if t["name"] == name)
 
 
 @pytest.mark.parametrize("vendor, pt, wanted", [
     ("intel", True, ["intel_iommu=on", "iommu=pt"]), ("intel", False, ["intel_iommu=on"]),
-    ("amd", True, ["iommu=pt"]), ("amd", False, []),
+    ("amd", True, ["iommu=pt"]), ("amd", False, None),
 ])
 def test_arguments_by_vendor(vendor, pt, wanted):
-    task = iommu_task()
-    variables = {"host_prepare_cpu_vendor": vendor, "host_prepare_iommu_pt": pt}
-    variables.update((k, trust_as_template(v)) for k, v in task["vars"].items())
-    templar = Templar(loader=DataLoader(), variables=variables)
-    arguments = templar.template(trust_as_template(task["gpuops.sandbox.kernel_cmdline"]["arguments"]))
-    assert arguments == wanted
-    assert not any(a.startswith("amd_iommu") for a in arguments)
-    # With nothing to add, the module is not called at all.
-    assert "__host_prepare_iommu_arguments | length > 0" in task["when"]
+    found = plan(vendor, pt)
+    call = found["calls"].get("cmdline")
+    assert (call or {}).get("arguments") == wanted
+    assert found["expected"]["kernel_arguments"] == (wanted or [])
+    if wanted:
+        assert "add %s to the kernel command line" % " ".join(wanted) in [c["detail"] for c in found["changes"]]
+    # host_prepare calls kernel_cmdline with the plan's arguments, and not at all when the plan has no call.
+    task = boot_task("Turn the IOMMU on in the kernel command line")
+    variables = {"__host_prepare_calls": found["calls"]}
+    assert templar(variables).evaluate_conditional(trusted(task["when"])) is bool(wanted)
+    if wanted:
+        assert templar(variables).template(trusted(task["gpuops.sandbox.kernel_cmdline"]["arguments"])) == wanted
+
+
+@pytest.mark.parametrize("workload_type", ["vm-vgpu", "dra"])
+def test_every_iommu_type_gets_them(workload_type):
+    assert plan("intel", True, workload_type)["calls"]["cmdline"]["arguments"] == ["intel_iommu=on", "iommu=pt"]
+
+
+def test_a_container_node_gets_none():
+    assert "cmdline" not in plan("intel", True, "container")["calls"]

@@ -1,60 +1,73 @@
 """preflight decides the vfio-pci binding of a vm-passthrough node before anything changes, also while the IOMMU
 is still off (a host not prepared yet), from the functions of each GPU's PCI slot.
 
-The role's block is taken from its task file: its ``when`` and the arguments of its check-mode vfio_bind are
-templated as Ansible templates them, the module runs with those arguments on a fake host booted with the IOMMU off
-(a GPU, its audio and a USB controller on uhci_hcd in one slot), and the rescue message is templated from the
-module's failure.
+The call is the host's plan's (the host_plan filter): the plan is worked out from the facts and the inputs, the
+role's block turns its call into vfio_bind's arguments as Ansible templates them, the module runs with those
+arguments on a fake host booted with the IOMMU off (a GPU, its audio and a USB controller on uhci_hcd in one slot),
+and the rescue message is templated from the module's failure.
 """
 
 import pytest
 
+from ansible_collections.gpuops.sandbox.plugins.filter.host_plan import host_plan
 from ansible_collections.gpuops.sandbox.tests.unit.fakes import sysfs_tree as st
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.vfio_bind_host import RELEASE, make_host, run
 from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
 
 BLOCK = "Decide the vfio-pci binding before anything changes"
+OMIT = "__omit_place_holder__"
+GROUP_DRIVERS = ["snd_hda_intel", "xhci_hcd", "nvidia-gpu", "ucsi_ccg"]
 
 
 def block():
     return next(t for t in load("roles/preflight/tasks/main.yml") if t.get("name") == BLOCK)
 
 
-def variables(workload_type, iommu_on, **inputs):
-    """What the play has when the block runs: the role's defaults, the facts of gpu_facts, the block's vars."""
-    found = dict(trusted(load("roles/preflight/defaults/main.yml")), **inputs)
-    found.update(inventory_hostname="gpu-1", group_names=[], preflight_type=workload_type,
-                 gpu_facts_iommu={"enabled": iommu_on, "group_count": 9 if iommu_on else 0},
-                 gpu_facts_gpus=[{"address": st.SLOT_GPU, "driver": "nvidia"}],
-                 gpu_facts_host={"managed_files": {"vfio_rules": []}})
+def variables(workload_type, iommu_on, gpus=None, binding="host", extra_drivers=(), remove_claims=False):
+    """What the play has when the block runs: the facts of gpu_facts, the host's plan from them, the block's vars."""
+    iommu = {"enabled": iommu_on, "group_count": 9 if iommu_on else 0, "platform_vendor": "intel",
+             "firmware_tables": ["DMAR"]}
+    gpus = gpus if gpus is not None else [{"address": st.SLOT_GPU, "driver": "nvidia"}]
+    host = {"managed_files": {"vfio_rules": []}}
+    plan = host_plan(gpus, iommu, host, {
+        "workload_type": workload_type, "vendor_ids": ["10de"], "vfio_binding": binding,
+        "vfio_group_drivers": GROUP_DRIVERS + list(extra_drivers), "remove_vfio_claims": remove_claims,
+        "vgpu_devices": "operator"})
+    found = dict(inventory_hostname="gpu-1", group_names=[], preflight_type=workload_type, omit=OMIT,
+                 gpu_facts_iommu=iommu, gpu_facts_gpus=gpus, gpu_facts_host=host, preflight_plan=plan)
     found.update(trusted(block()["vars"]))
     return found
+
+
+def selected(found):
+    return templar(found).evaluate_conditional(trusted(block()["when"]))
 
 
 def module_args(found):
     task = block()["block"][0]
     assert task["check_mode"] is True
-    return templar(found).template(trusted(task["gpuops.sandbox.vfio_bind"]))
+    args = templar(found).template(trusted(task["gpuops.sandbox.vfio_bind"]))
+    return {name: value for name, value in args.items() if value != OMIT}
 
 
-@pytest.mark.parametrize("workload_type, iommu_on, selected, predicted", [
+@pytest.mark.parametrize("workload_type, iommu_on, chosen, predicted", [
     ("vm-passthrough", False, True, True),   # the defect: skipped while the IOMMU was off
     ("vm-passthrough", True, True, False),
     ("container", False, False, False),      # nothing of vfio-pci to undo
     ("vm-vgpu", True, False, False),
 ])
-def test_the_block_runs_while_the_iommu_is_off_and_predicts_then_only(workload_type, iommu_on, selected, predicted):
+def test_the_block_runs_while_the_iommu_is_off_and_predicts_then_only(workload_type, iommu_on, chosen, predicted):
     found = variables(workload_type, iommu_on)
-    assert templar(found).evaluate_conditional(trusted(block()["when"])) is selected
-    if selected:
+    assert selected(found) is chosen
+    if chosen:
         args = module_args(found)
         assert args["assume_slot_groups"] is predicted
-        assert args["state"] == "present" and args["include_group"] is True
+        assert args["state"] == "present" and args["include_group"] is True and args["persistent"] is True
+        assert args["vendors"] == ["10de"] and args["allowed_group_drivers"] == GROUP_DRIVERS
 
 
 def test_operator_binding_is_not_predicted():
-    found = variables("vm-passthrough", False, gpuops_vfio_binding="operator")
-    assert templar(found).evaluate_conditional(trusted(block()["when"])) is False
+    assert selected(variables("vm-passthrough", False, binding="operator")) is False
 
 
 @pytest.fixture
@@ -85,7 +98,7 @@ def test_a_slot_sibling_on_a_driver_not_allowed_stops_the_host_before_the_reboot
                         "Nothing was changed.")
 
     # The inventory allows the driver: the same check plans the whole slot, as host_prepare will bind it.
-    found = variables("vm-passthrough", False, gpuops_vfio_group_drivers=["uhci_hcd"])
+    found = variables("vm-passthrough", False, extra_drivers=["uhci_hcd"])
     kind, result = run(monkeypatch, slot_host, module_args(found), check=True)
     assert kind == "exit", result
     assert [(d["address"], d["after"]) for d in result["devices"]] == [
@@ -110,9 +123,8 @@ def test_preflight_checks_with_remove_claims_what_host_prepare_will_remove(monke
     before = tree.snapshot()
 
     def leaving(**inputs):
-        found = variables("container", False, **inputs)
-        found["gpu_facts_gpus"] = [{"address": st.SLOT_GPU, "driver": "vfio-pci"}]
-        assert templar(found).evaluate_conditional(trusted(block()["when"])) is True
+        found = variables("container", False, gpus=[{"address": st.SLOT_GPU, "driver": "vfio-pci"}], **inputs)
+        assert selected(found) is True
         return found
 
     found = leaving()
@@ -125,7 +137,7 @@ def test_preflight_checks_with_remove_claims_what_host_prepare_will_remove(monke
                         "host_prepare's host_prepare_remove_vfio_claims) to have the preparation remove those claims. "
                         "Nothing was changed.")
 
-    found = leaving(gpuops_vfio_remove_claims=True)
+    found = leaving(remove_claims=True)
     args = module_args(found)
     assert args["remove_claims"] is True
     kind, result = run(monkeypatch, slot_host, args, check=True)
@@ -136,9 +148,10 @@ def test_preflight_checks_with_remove_claims_what_host_prepare_will_remove(monke
     assert "gpuops_vfio_remove_claims" not in rescue_message(found, {"msg": "refusing to change anything: in use"})
 
 
-def test_binding_passes_remove_claims_too_which_vfio_bind_ignores_with_state_present():
-    args = module_args(variables("vm-passthrough", True, gpuops_vfio_remove_claims=True))
-    assert args["state"] == "present" and args["remove_claims"] is True
+def test_binding_leaves_remove_claims_out():
+    """vfio_bind reads remove_claims only when it gives functions back; the plan's binding does not carry it."""
+    args = module_args(variables("vm-passthrough", True, remove_claims=True))
+    assert args["state"] == "present" and "remove_claims" not in args
 
 
 def test_a_network_interface_the_host_uses_in_the_slot_is_refused_without_the_advice_to_allow_its_driver(
@@ -148,7 +161,7 @@ def test_a_network_interface_the_host_uses_in_the_slot_is_refused_without_the_ad
     tree.add_function("0000:01:00.3", "8086", "100e", "020000", parent=st.SLOT_PORT, driver="e1000")
     tree.mkdir("/sys/bus/pci/devices/0000:01:00.3/net/enp1s0f3")
     host = make_host(monkeypatch, tree)
-    found = variables("vm-passthrough", False, gpuops_vfio_group_drivers=["uhci_hcd"])
+    found = variables("vm-passthrough", False, extra_drivers=["uhci_hcd"])
     kind, result = run(monkeypatch, host, module_args(found), check=True)
     assert kind == "fail", result
     msg = " ".join(rescue_message(found, result).split())

@@ -11,6 +11,7 @@ import itertools
 import pytest
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ansible_collections.gpuops.sandbox.plugins.filter.host_plan import host_plan
 from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
 
 
@@ -56,11 +57,15 @@ def argument_spec(role):
     return load("roles/%s/meta/argument_specs.yml" % role)["argument_specs"]["main"]["options"]
 
 
+RECORD = "Record the CPU vendor, who binds the GPUs and who creates the vGPU devices"
+
+
 def recorded_cpu_vendor(platform_vendor):
-    """What preflight's "Record the CPU vendor" task sets from gpu_facts' platform_vendor."""
-    task = next(t for t in load("roles/preflight/tasks/main.yml") if t.get("name") == "Record the CPU vendor")
+    """What preflight records from the host's plan, worked out from gpu_facts' platform_vendor."""
+    task = next(t for t in load("roles/preflight/tasks/main.yml") if t.get("name") == RECORD)
     value = trusted(task["ansible.builtin.set_fact"]["preflight_cpu_vendor"])
-    return templar({"gpu_facts_iommu": {"platform_vendor": platform_vendor}}).template(value)
+    plan = host_plan([], {"platform_vendor": platform_vendor}, {}, {"workload_type": "container"})
+    return templar({"preflight_plan": plan}).template(value)
 
 
 @pytest.mark.parametrize("platform_vendor, recorded", [("intel", "intel"), ("amd", "amd"), (None, "unknown")])

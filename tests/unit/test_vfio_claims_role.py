@@ -1,13 +1,15 @@
 """host_prepare removes the host's own vfio-pci claims when it gives GPUs back (gpuops_vfio_remove_claims).
 
-vfio_release.yml passes the input to vfio_bind (remove_claims); boot.yml takes the vfio-pci.ids arguments vfio_bind
-names (cmdline_claims) off the kernel command line, keeping other devices' entries, counts that as a change and a
-reason to reboot, and rebuilds the initramfs when vfio_bind changed a modprobe.d file. The tasks are taken from the
+The calls are the host's plan's (the host_plan filter): vfio_release.yml passes the input to vfio_bind
+(remove_claims); boot.yml takes the vfio-pci.ids arguments vfio_bind names (cmdline_claims) off the kernel command
+line, keeping other devices' entries, counts that as a change and a reason to reboot, and rebuilds the initramfs when
+vfio_bind changed a modprobe.d file. The tasks are taken from the
 role's files and templated as Ansible templates them.
 """
 
 import pytest
 
+from ansible_collections.gpuops.sandbox.plugins.filter.host_plan import host_plan
 from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
 
 SKIPPED = {"changed": False, "skipped": True}
@@ -28,11 +30,20 @@ def when(found, entry):
     return all(templar(found).evaluate_conditional(trusted(c)) for c in conditions)
 
 
-@pytest.mark.parametrize("inputs, wanted", [({}, False), ({"gpuops_vfio_remove_claims": True}, True)])
-def test_vfio_release_passes_the_input_to_vfio_bind(inputs, wanted):
-    found = dict(trusted(load("roles/host_prepare/defaults/main.yml")), **inputs)
+def plan_calls(workload_type, managed_cmdline=(), gpus=(), **settings):
+    """The calls of the host's plan (no GPU needed: these tasks act on what an earlier type left)."""
+    iommu = {"platform_vendor": "intel", "firmware_tables": ["DMAR"], "cmdline": ""}
+    facts = {"managed_files": {"kernel_cmdline": list(managed_cmdline)}}
+    return host_plan(list(gpus), iommu, facts, dict(settings, workload_type=workload_type, require_gpus=False,
+                                                    vgpu_devices="operator"))["calls"]
+
+
+@pytest.mark.parametrize("settings, wanted", [({}, False), ({"remove_vfio_claims": True}, True)])
+def test_vfio_release_passes_the_input_to_vfio_bind(settings, wanted):
+    calls = plan_calls("container", gpus=[{"address": "0000:65:00.0", "driver": "vfio-pci"}], **settings)
     release = task("tasks/vfio_release.yml", "Give GPUs left on vfio-pci by an earlier workload type back to their host drivers")
-    assert templar(found).template(trusted(release["gpuops.sandbox.vfio_bind"]["remove_claims"])) is wanted
+    args = templar({"__host_prepare_calls": calls}).template(trusted(release["gpuops.sandbox.vfio_bind"]))
+    assert args["remove_claims"] is wanted and args["state"] == "absent" and args["include_group"] is True
 
 
 REMOVE = "Take this collection's IOMMU arguments and the GPUs' vfio-pci.ids claims off the kernel command line"
@@ -41,7 +52,7 @@ IOMMU_OFF = ["intel_iommu=on", "amd_iommu=on", "iommu=pt"]
 
 
 def host(workload_type, managed_cmdline=()):
-    return {"host_prepare_workload_type": workload_type,
+    return {"__host_prepare_calls": plan_calls(workload_type, managed_cmdline),
             "gpu_facts_host": {"managed_files": {"kernel_cmdline": list(managed_cmdline)}}}
 
 
@@ -82,7 +93,7 @@ def test_no_cmdline_claim_no_kernel_cmdline_call(found, workload_type):
 
 def removal_task(found):
     entry = task("tasks/boot.yml", "Remove the vfio boot settings of an earlier workload type")
-    found = with_vars(dict(found, host_prepare_workload_type="container"), entry)
+    found = with_vars(dict(found, __host_prepare_calls=plan_calls("container")), entry)
     return when(found, entry), templar(found).template(trusted(entry["gpuops.sandbox.kernel_modules"]["rebuild"]))
 
 

@@ -225,22 +225,73 @@ def h200_facts(monkeypatch, tmp_path):
     return tree
 
 
+NVIDIA = {"vendors": ["10de"], "classes": ["030200"]}
+
+
 def test_a_host_driver_refuses_the_operators_binding_not_the_collections(monkeypatch, tmp_path):
     tree = h200_facts(monkeypatch, tmp_path)
-    nvidia = {"vendors": ["10de"], "classes": ["030200"]}
-    plan = plan_of(monkeypatch, tree, "vm-passthrough", selectors=nvidia, vfio_binding="operator")
+    plan = plan_of(monkeypatch, tree, "vm-passthrough", selectors=NVIDIA, vfio_binding="operator")
     assert [r["check"] for r in plan["refusals"]] == ["host driver"]
-    assert "held by the NVIDIA driver installed on the host (updates/dkms/nvidia.ko.zst)" in plan["refusals"][0]["problem"]
-    assert plan["refusals"][0]["fix"].endswith("or let the collection bind the GPUs (gpuops_vfio_binding: host)")
-    assert plan_of(monkeypatch, tree, "vm-passthrough", selectors=nvidia, vfio_binding="host")["refusals"] == []
+    problem = plan["refusals"][0]["problem"]
+    assert problem.startswith("the GPUs 0000:65:00.0, %s, " % st.A100), problem
+    assert problem.endswith(" are held by the NVIDIA driver installed on the host (updates/dkms/nvidia.ko.zst, version "
+                            "580.159.04), which the GPU Operator's vfio-manager leaves alone, so they would never "
+                            "reach VMs"), problem
+    assert plan["refusals"][0]["fix"] == ("remove the host's NVIDIA driver packages, or let the collection bind the "
+                                          "GPUs (gpuops_vfio_binding: host)")
+    # vfio_bind takes the GPUs off the host driver itself.
+    assert plan_of(monkeypatch, tree, "vm-passthrough", selectors=NVIDIA, vfio_binding="host")["refusals"] == []
+
+
+def test_a_host_driver_refuses_the_operators_vgpu_devices_and_leaves_a_container_node_alone(monkeypatch, tmp_path):
+    tree = h200_facts(monkeypatch, tmp_path)
+    plan = plan_of(monkeypatch, tree, "vm-vgpu", selectors=NVIDIA, vgpu_devices="operator")
+    assert [r["check"] for r in plan["refusals"]] == ["host driver"]
+    assert plan["refusals"][0]["problem"].endswith("beside which the GPU Operator's vGPU Manager cannot load")
+    assert plan["refusals"][0]["fix"] == "remove the host's NVIDIA driver packages"
+    assert plan_of(monkeypatch, tree, "container", selectors=NVIDIA)["refusals"] == []
+
+
+def test_gpus_off_the_host_driver_or_on_the_operators_own_are_not_refused(monkeypatch, tmp_path):
+    found = facts(monkeypatch, h200_facts(monkeypatch, tmp_path), NVIDIA)
+    settings = {"workload_type": "vm-passthrough", "vfio_binding": "operator"}
+    on_vfio = [dict(gpu, driver="vfio-pci") for gpu in found["gpu_facts_gpus"]]
+    assert host_plan(on_vfio, found["gpu_facts_iommu"], found["gpu_facts_host"], settings)["refusals"] == []
+    operators = dict(found["gpu_facts_host"], nvidia_driver=dict(found["gpu_facts_host"]["nvidia_driver"],
+                                                                 source="operator"))
+    assert host_plan(found["gpu_facts_gpus"], found["gpu_facts_iommu"], operators, settings)["refusals"] == []
+
+
+def test_debians_packaged_driver_is_named_by_its_renamed_file(monkeypatch, tmp_path):
+    """Debian 12's nvidia-kernel-dkms (updates/dkms/nvidia-current.ko, loaded as nvidia), as gpu_facts reads it."""
+    from ansible_collections.gpuops.sandbox.tests.unit.fakes import nvidia_packages as nv
+
+    tree = st.build_gpu_host(tmp_path)
+    nv.install_debian_dkms(tree, "nvidia-current")
+    plan = plan_of(monkeypatch, tree, "vm-passthrough", selectors={"vendors": ["10de"]}, vfio_binding="operator")
+    assert [r["check"] for r in plan["refusals"]] == ["host driver"], plan["refusals"]
+    assert ("held by the NVIDIA driver installed on the host (updates/dkms/nvidia-current.ko, version %s)"
+            % nv.DEBIAN_VERSION) in plan["refusals"][0]["problem"]
 
 
 def test_a_gpu_in_mig_mode_refuses_a_vm_node(monkeypatch, tmp_path):
-    found = facts(monkeypatch, st.build_gpu_host(tmp_path), {"vendors": ["10de"], "classes": ["030200"]})
-    gpus = [dict(gpu, mig_instances=2 if gpu["address"] == st.A100 else 0) for gpu in found["gpu_facts_gpus"]]
-    plan = host_plan(gpus, found["gpu_facts_iommu"], found["gpu_facts_host"], {"workload_type": "vm-passthrough"})
-    assert [(r["check"], r["problem"]) for r in plan["refusals"]] == [
-        ("MIG mode", "the GPUs %s have MIG GPU instances" % st.A100)]
+    found = facts(monkeypatch, st.build_gpu_host(tmp_path), NVIDIA)
+
+    def refusals(workload_type, instances):
+        gpus = [dict(gpu, mig_instances=instances if gpu["address"] == st.A100 else 0)
+                for gpu in found["gpu_facts_gpus"]]
+        plan = host_plan(gpus, found["gpu_facts_iommu"], found["gpu_facts_host"],
+                         {"workload_type": workload_type, "vgpu_devices": "operator"})
+        return [(r["check"], r["problem"], r["fix"]) for r in plan["refusals"]]
+
+    assert refusals("vm-passthrough", 2) == [
+        ("MIG mode", "the GPUs %s have MIG GPU instances (MIG mode, from the host's time as a container node)" % st.A100,
+         "keep the host a container node with gpuops_mig_config: all-disabled, run the cluster play and wait until "
+         "its node's nvidia.com/mig.config.state is success; then switch it")]
+    assert [r[0] for r in refusals("vm-vgpu", 7)] == ["MIG mode"] and [r[0] for r in refusals("dra", 1)] == ["MIG mode"]
+    # No instances (MIG off, or a GPU not on nvidia: null), or a container node, which keeps MIG: nothing refused.
+    assert refusals("vm-passthrough", 0) == [] and refusals("vm-passthrough", None) == []
+    assert refusals("container", 7) == []
 
 
 VGPU_CONFIG = {"version": "v1", "vgpu-configs": {"A100-4C": [{"devices": "all", "vgpu-devices": {"A100-4C": 1}}]}}
