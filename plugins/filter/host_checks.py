@@ -30,7 +30,8 @@ description:
     O(gpus_optional)). No GPU hides a wrong selector or a dead GPU, so the detail names the workload type, the
     O(selectors) and what to do.
   - VM node types (those of P(gpuops.sandbox.workload_types#filter) V(iommu)), when no reboot is pending - C(kernel
-    command line) (C(intel_iommu=on) on Intel, C(iommu=pt) when O(iommu_pt)) and C(IOMMU groups).
+    command line) (the kernel arguments of O(plan); without one C(intel_iommu=on) on Intel, C(iommu=pt) when
+    O(iommu_pt)) and C(IOMMU groups).
   - C(container), when no reboot is pending - C(no IOMMU arguments of a VM node).
   - Every type but C(vm-passthrough) - C(no vfio-pci binding left) (no GPU on a vfio driver, no vfio udev rule or
     module file; on C(dra) only the files, since the DRA driver binds a GPU to vfio-pci for a VM's claim),
@@ -41,9 +42,10 @@ description:
     These are checked at both stages, also with a reboot pending.
   - Every type but C(vm-vgpu) - C(no vGPU devices or VF records left).
   - C(vm-passthrough) with O(vfio_binding=host), at the V(final) stage with no reboot pending - C(GPUs on vfio-pci)
-    (every GPU on a vfio driver, every group viable) and C(vfio boot settings).
+    (every GPU on a vfio driver, every group viable) and C(vfio boot settings); with O(plan), also C(functions on
+    vfio-pci as planned).
   - C(vm-vgpu) with O(vgpu_devices=host) - C(vGPU devices) (every expected mdev live, and at the V(final) stage at
-    least one) and C(SR-IOV VFs of <PF>) for each PF of O(expected) C(sriov).
+    least one) and C(SR-IOV VFs of <PF>) for each PF of O(expected) C(sriov) and of the O(plan)'s.
   - At the V(after-reboot) stage - C(<address> back on vfio-pci after the reboot) for each GPU of O(expected)
     C(vfio).
   - Every type, at both stages, when O(host) has C(kernels) - C(other installed kernels) (no installed kernel but the
@@ -135,6 +137,17 @@ options:
         passes with none.
     type: bool
     default: false
+  plan:
+    description:
+      - The host's plan, the result of P(gpuops.sandbox.host_plan#filter) (the preflight role's C(preflight_plan)),
+        which the host must now show - the C(kernel command line) check wants its C(expected.kernel_arguments)
+        (instead of the arguments O(cpu_vendor) and O(iommu_pt) imply); a C(vm-passthrough) node whose host binds
+        the GPUs (O(vfio_binding=host)), at the V(final) stage with no reboot pending, gets the check C(functions on
+        vfio-pci as planned) (each function of C(expected.vfio), the GPUs and the other functions of their IOMMU
+        groups, there and on a vfio driver); C(SR-IOV VFs of <PF>) is checked for each PF of C(expected.sriov) too.
+      - The plan must be of O(workload_type); empty (the default) checks without a plan.
+    type: dict
+    default: {}
   selectors:
     description:
       - The GPU selectors the facts were gathered with - C(vendors), C(devices) and C(classes), each a list of IDs
@@ -364,7 +377,32 @@ def _unique(values):
     return result
 
 
-def _boot_checks(iommu, vm, cpu_vendor, iommu_pt, workload_type):
+def _plan(value, workload_type):
+    """What the host's plan (the host_plan filter's result) says the host must show; None without a plan."""
+    plan = _plain(_mapping("plan", {} if value is None else value))
+    if not plan:
+        return None
+    if plan.get("workload_type") != workload_type:
+        _fail("plan is the plan of a %s node, but the host is checked as a %s node (give the plan of this run's "
+              "preflight role, preflight_plan)", plan.get("workload_type"), workload_type)
+    expected = _mapping("plan.expected", plan.get("expected"))
+    result = {}
+    for key, kind in (("kernel_arguments", list), ("vfio", list), ("sriov", dict)):
+        item = expected.get(key)
+        item = kind() if item is None else item
+        if not isinstance(item, kind) or (kind is list and not all(isinstance(i, str) for i in item)):
+            _fail("plan.expected.%s must be a %s, got %r", key, "list of strings" if kind is list else "dict", item)
+        result[key] = item
+    result["vfio"] = [_address("plan.expected.vfio", a) for a in result["vfio"]]
+    return result
+
+
+def _has_argument(flags, cmdline, argument):
+    key, sep, value = argument.partition("=")
+    return flags.get(key) == value if sep else argument in (cmdline or "").split()
+
+
+def _boot_checks(iommu, vm, cpu_vendor, iommu_pt, workload_type, plan):
     flags = _mapping("iommu.cmdline_flags", iommu.get("cmdline_flags") or {})
     cmdline = iommu.get("cmdline")
     # unknown (neither Intel nor AMD, e.g. an Arm container node): no vendor-specific argument.
@@ -372,15 +410,20 @@ def _boot_checks(iommu, vm, cpu_vendor, iommu_pt, workload_type):
     checks = []
     if vm:
         # Intel turns VT-d on with intel_iommu=on; AMD-Vi is on with the firmware's IVRS table, and the kernel has
-        # no amd_iommu=on (host_prepare never writes it), so an AMD host is only asked for iommu=pt.
-        wanted = (["intel_iommu=on"] if cpu_vendor == "intel" else []) + (["iommu=pt"] if iommu_pt else [])
-        ok = (cpu_vendor != "intel" or flags.get("intel_iommu", "") == "on") and (not iommu_pt or flags.get("iommu", "") == "pt")
+        # no amd_iommu=on (host_prepare never writes it), so an AMD host is only asked for iommu=pt. The host's plan
+        # names the arguments it adds; without a plan they follow from the CPU vendor and iommu_pt.
+        if plan is not None:
+            wanted = plan["kernel_arguments"]
+        else:
+            wanted = (["intel_iommu=on"] if cpu_vendor == "intel" else []) + (["iommu=pt"] if iommu_pt else [])
+        ok = all(_has_argument(flags, cmdline, argument) for argument in wanted)
         if arg is None:
             # The preflight role refuses such a VM node; a host prepared anyway is not ready.
             ok = False
             detail = "the CPU vendor is neither Intel nor AMD, so this collection cannot turn the IOMMU on: %s" % cmdline
         elif wanted:
-            detail = "/proc/cmdline should have %s: %s" % (" ".join(wanted), cmdline)
+            detail = "/proc/cmdline should have %s%s: %s" % (" ".join(wanted), " (the host's plan)" if plan else "",
+                                                           cmdline)
         else:
             detail = "/proc/cmdline needs no IOMMU argument (AMD-Vi is on with the firmware's IVRS table): %s" % cmdline
         checks.append(_check("kernel command line", ok, detail))
@@ -458,13 +501,16 @@ def _count(name, value):
     return 0  # not reached
 
 
-def _vgpu_checks(host, expected, stage):
+def _vgpu_checks(host, expected, stage, plan):
     live = [str(m.get("uuid")) for m in host.get("mdev_devices") or [] if isinstance(m, Mapping)]
     missing = [u for u in _unique(expected["mdev_uuids"]) if u not in live]
     checks = [_check("vGPU devices", not missing and (stage == "after-reboot" or live),
                      "missing %s of %d expected; %d live" % (missing, len(expected["mdev_uuids"]), len(live)))]
     sriov = _mapping("host.sriov", host.get("sriov") or {})
-    for pf, count in expected["sriov"].items():
+    # The VFs the plan sets, and those the preparation recorded setting (the same PFs when both are there).
+    counts = dict(plan["sriov"] if plan else {})
+    counts.update(expected["sriov"])
+    for pf, count in sorted(counts.items()):
         wanted = _count("expected.sriov[%s]" % pf, count)
         numvfs = (sriov.get(pf) or {}).get("numvfs", 0)
         checks.append(_check("SR-IOV VFs of %s" % pf, numvfs == wanted, "%s has %s VFs, %s wanted" % (pf, numvfs, count)))
@@ -506,9 +552,20 @@ def _kernel_checks(kernels):
                    "no other kernel is installed")]
 
 
+PLANNED_VFIO_CHECK = "functions on vfio-pci as planned"
+
+
+def _planned_vfio_check(plan, seen):
+    """Every function the plan binds to vfio-pci is there and on a vfio driver."""
+    off = ["%s is on %s" % (a, _label(seen[a]["driver"])) if a in seen else "%s is missing" % a
+           for a in plan["vfio"] if a not in seen or not is_vfio_driver(seen[a]["driver"])]
+    return _check(PLANNED_VFIO_CHECK, not off, "; ".join(off) + " (the host's plan binds %s)" % ", ".join(plan["vfio"])
+                  if off else "%s on vfio-pci, as the host's plan said" % (", ".join(plan["vfio"]) or "no function"))
+
+
 def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="final", reboot_pending=False,
                 iommu_pt=True, vfio_binding="host", vgpu_devices="host", expected=None, reads=None,
-                dra_blockers=None, gpus_optional=False, selectors=None):
+                dra_blockers=None, gpus_optional=False, selectors=None, plan=None):
     gpus = _plain(_gpus(gpus))
     iommu = _plain(_mapping("iommu (gpu_facts_iommu of gpu_facts)", iommu))
     host = _plain(_mapping("host (gpu_facts_host of gpu_facts)", host))
@@ -522,13 +579,15 @@ def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="fin
     expected = _expected(expected)
     gpus_optional = _flag("gpus_optional", gpus_optional)
     selectors = _selectors(_plain(selectors))
+    plan = _plan(plan, workload_type)
     managed = _mapping("host.managed_files", host.get("managed_files") or {})
     seen = _functions(gpus, _plain(reads or []))
     drivers = dict((str(g["address"]), g["driver"]) for g in gpus)
 
     checks = [_gpus_check(gpus, workload_type, selectors, gpus_optional)]
     if not pending:
-        checks.extend(_boot_checks(iommu, workload_type in IOMMU_WORKLOAD_TYPES, cpu_vendor, iommu_pt, workload_type))
+        checks.extend(_boot_checks(iommu, workload_type in IOMMU_WORKLOAD_TYPES, cpu_vendor, iommu_pt, workload_type,
+                                   plan))
     # kernel_modules and kernel_cmdline keep a pending record while the initramfs or grub.cfg is generated from
     # their files: one left behind means a run was cut short there, and the host boots without the settings.
     unfinished = list(managed.get("pending") or [])
@@ -543,8 +602,10 @@ def host_checks(gpus, iommu, host, workload_type, cpu_vendor="intel", stage="fin
                              "GPU drivers %s; groups viable: %s" % (drivers, [g.get("viable") for g in gpus])))
         modules, rules = list(managed.get("vfio_modules") or []), list(managed.get("vfio_rules") or [])
         checks.append(_check("vfio boot settings", modules and len(rules) >= len(gpus), "vfio files %s" % (modules + rules)))
+        if plan is not None:
+            checks.append(_planned_vfio_check(plan, seen))
     if workload_type == "vm-vgpu" and vgpu_devices == "host":
-        checks.extend(_vgpu_checks(host, expected, stage))
+        checks.extend(_vgpu_checks(host, expected, stage, plan))
     if workload_type == "dra":
         checks.extend(_dra_blocker_checks(dra_blockers))
     if stage == "after-reboot":

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import driver_allows_vfio
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     IOMMU_WORKLOAD_TYPES,
     WORKLOAD_TYPES,
@@ -268,6 +269,20 @@ def _vfio_functions(gpus):
     return seen
 
 
+def _bound_by_vfio_bind(address, function, gpus):
+    """Whether vfio_bind (include_group) puts the function on vfio-pci: every GPU it selects, and of their groups'
+    other functions each PCI function that is no bridge and not parked on a stub driver (pci-stub leaves the group
+    usable through VFIO, so vfio_bind leaves it there)."""
+    if function.get("is_bridge"):
+        return False
+    if any(g["address"] == address for g in gpus):
+        return True
+    driver = function.get("driver")
+    if function.get("pci") is False:
+        return False
+    return driver is None or not driver_allows_vfio(driver) or driver in VFIO_DRIVERS or driver.endswith("_vfio_pci")
+
+
 def _on_vfio(function):
     return function.get("driver") in VFIO_DRIVERS or (function.get("driver_override") or "") in VFIO_DRIVERS
 
@@ -278,13 +293,14 @@ def _bindings(plan, s, gpus, iommu, host):
     functions = _vfio_functions(gpus)
     if kind == "vm-passthrough" and s["vfio_binding"] == "host" and gpus:
         plan.calls["vfio_bind"] = dict(selection, allowed_group_drivers=s["vfio_group_drivers"], persistent=True)
-        off = sorted(a for a, f in functions.items() if not _on_vfio(f) and not f.get("is_bridge"))
+        bound = sorted(a for a, f in functions.items() if _bound_by_vfio_bind(a, f, gpus))
+        off = [a for a in bound if not _on_vfio(functions[a])]
         if off and not iommu.get("enabled"):
             plan.deferred.append("vfio-pci binding (the IOMMU is not on yet)")
             plan.change("binding", "bind %s to vfio-pci after the reboot turns the IOMMU on" % ", ".join(off))
         elif off:
             plan.change("binding", "bind %s to vfio-pci" % ", ".join(off))
-        return sorted(a for a in functions if not functions[a].get("is_bridge"))
+        return bound
     if kind != "vm-passthrough":
         left = sorted(a for a, f in functions.items() if _on_vfio(f))
         if left or (host.get("managed_files") or {}).get("vfio_rules"):

@@ -7,6 +7,8 @@ arguments on a fake host booted with the IOMMU off (a GPU, its audio and a USB c
 and the rescue message is templated from the module's failure.
 """
 
+import os
+
 import pytest
 
 from ansible_collections.gpuops.sandbox.plugins.filter.host_plan import host_plan
@@ -170,3 +172,30 @@ def test_a_network_interface_the_host_uses_in_the_slot_is_refused_without_the_ad
             "gpuops_vfio_group_drivers, which would take the interface away from the host.") in msg
     assert "Either add that driver" not in msg and "add e1000" not in msg
     assert msg.endswith("Nothing was changed.")
+
+
+@pytest.mark.parametrize("audio_driver", ["snd_hda_intel", "pci-stub", None])
+def test_the_plan_expects_on_vfio_pci_what_vfio_bind_binds(monkeypatch, tmp_path, audio_driver):
+    """host_verify checks the prepared host against the plan's expected.vfio: on the model GPU host (IOMMU on), it
+    names exactly the functions vfio_bind's own check-mode run with the plan's arguments would put on vfio-pci - the
+    A10 and its audio function, which vfio_bind leaves where it is when it is parked on pci-stub."""
+    from ansible_collections.gpuops.sandbox.plugins.modules import gpu_facts
+    from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import call_main
+
+    tree = st.build_vfio_gpu_host(str(tmp_path), RELEASE)
+    devdir = tree.functions[st.A10_AUDIO]
+    os.unlink(tree.path("/sys/bus/pci/drivers/snd_hda_intel/" + st.A10_AUDIO))
+    os.unlink(tree.path(devdir + "/driver"))
+    if audio_driver:
+        tree.bind(st.A10_AUDIO, audio_driver)
+    kind, result = call_main(monkeypatch, gpu_facts, tree.root, {"vendors": ["10de:2236"]})
+    assert kind == "exit", result
+    facts = result["ansible_facts"]
+    plan = host_plan(facts["gpu_facts_gpus"], facts["gpu_facts_iommu"], facts["gpu_facts_host"],
+                     {"workload_type": "vm-passthrough", "vendor_ids": ["10de"], "device_ids": ["2236"]})
+    host = make_host(monkeypatch, tree)
+    kind, result = run(monkeypatch, host, plan["calls"]["vfio_bind"], check=True)
+    assert kind == "exit", result
+    bound = sorted(d["address"] for d in result["devices"] if d["after"] == "vfio-pci")
+    assert plan["expected"]["vfio"] == bound
+    assert (st.A10_AUDIO in bound) is (audio_driver != "pci-stub"), bound

@@ -11,6 +11,7 @@ import base64
 import copy
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -790,3 +791,90 @@ def test_facts_without_kernels_add_no_check():
 def test_kernels_of_the_wrong_type_are_named(value):
     with pytest.raises(AnsibleFilterError, match="host.kernels must be a list of dicts"):
         run(dict(CONTAINER, host=dict(CONTAINER["host"], kernels=value)))
+
+
+# The host's plan (the host_plan filter, as the preflight role works it out before any change) is what host_verify
+# checks the prepared host against.
+def pristine_plan(workload_type="vm-passthrough", vendor="intel", **settings):
+    """The plan of the PASSTHROUGH host before its preparation: its GPU and audio function on their host drivers."""
+    from ansible_collections.gpuops.sandbox.plugins.filter.host_plan import host_plan
+
+    facts = dict(iommu(PLAIN_CMDLINE, enabled=True), platform_vendor=vendor, firmware_tables=["DMAR"])
+    return host_plan([gpu()], facts, host(), dict(settings, workload_type=workload_type))
+
+
+def test_a_prepared_host_is_what_its_plan_said():
+    plan = pristine_plan()
+    assert plan["expected"]["vfio"] == [GPU, AUDIO] and plan["reboot"]["required"] is True, plan
+    checks = run(PASSTHROUGH, plan=plan)
+    assert failed(checks) == []
+    assert checks["functions on vfio-pci as planned"]["detail"] == "%s, %s on vfio-pci, as the host's plan said" % (GPU, AUDIO)
+    assert checks["kernel command line"]["detail"] == (
+        "/proc/cmdline should have intel_iommu=on iommu=pt (the host's plan): " + VM_CMDLINE)
+
+
+def test_a_function_of_the_plan_left_off_vfio_pci_fails():
+    """The GPU reached vfio-pci but the audio function of its group, which the plan binds too, did not (or is gone)."""
+    plan = pristine_plan()
+    half = [gpu(driver="vfio-pci", viable=True, members=[member(GPU, "vfio-pci"), member(AUDIO, "snd_hda_intel")])]
+    check = run(PASSTHROUGH, gpus=half, plan=plan)["functions on vfio-pci as planned"]
+    assert check == {"check": "functions on vfio-pci as planned", "ok": False,
+                     "detail": "%s is on snd_hda_intel (the host's plan binds %s, %s)" % (AUDIO, GPU, AUDIO)}
+    alone = [gpu(driver="vfio-pci", members=[member(GPU, "vfio-pci")])]
+    assert run(PASSTHROUGH, gpus=alone, plan=plan)["functions on vfio-pci as planned"]["detail"].startswith(
+        "%s is missing" % AUDIO)
+    # Not checked where the operator binds the GPUs, before the final stage or with a reboot pending.
+    for changes in ({"vfio_binding": "operator"}, {"stage": "after-reboot"}, {"reboot_pending": True}):
+        assert "functions on vfio-pci as planned" not in run(PASSTHROUGH, gpus=half, plan=plan, **changes)
+
+
+def test_the_kernel_arguments_are_the_plans():
+    """The plan's arguments, not those the cpu_vendor and iommu_pt given to host_checks would imply."""
+    cmdline = "BOOT_IMAGE=/vmlinuz intel_iommu=on"
+    without_pt = pristine_plan(iommu_pt=False)
+    assert without_pt["expected"]["kernel_arguments"] == ["intel_iommu=on"]
+    assert run(PASSTHROUGH, iommu=iommu(cmdline), plan=without_pt)["kernel command line"]["ok"] is True
+    assert run(PASSTHROUGH, iommu=iommu(cmdline))["kernel command line"]["ok"] is False
+    # An AMD host's plan adds iommu=pt alone; with it turned off, no argument at all.
+    amd = pristine_plan(vendor="amd", iommu_pt=False)
+    check = run(PASSTHROUGH, iommu=iommu("BOOT_IMAGE=/vmlinuz"), cpu_vendor="amd", plan=amd)["kernel command line"]
+    assert check["ok"] is True and check["detail"].startswith("/proc/cmdline needs no IOMMU argument"), check
+
+
+def test_the_vfs_of_the_plan_are_checked():
+    plan = {"workload_type": "vm-vgpu", "expected": {"kernel_arguments": ["intel_iommu=on", "iommu=pt"],
+                                                     "vfio": [], "sriov": {GPU_B: 4}}}
+    check = run(VGPU, expected=dict(VGPU["expected"], sriov={}), plan=plan)["SR-IOV VFs of %s" % GPU_B]
+    assert check == {"check": "SR-IOV VFs of %s" % GPU_B, "ok": False, "detail": "%s has 2 VFs, 4 wanted" % GPU_B}
+    assert run(VGPU, plan=dict(plan, expected=dict(plan["expected"], sriov={GPU_B: 2})))["SR-IOV VFs of %s" % GPU_B]["ok"]
+
+
+@pytest.mark.parametrize("plan,message", [
+    ({"workload_type": "container", "expected": {}},
+     "plan is the plan of a container node, but the host is checked as a vm-passthrough node"),
+    ({"workload_type": "vm-passthrough"}, "plan.expected must be"),
+    ({"workload_type": "vm-passthrough", "expected": {"vfio": GPU}}, "plan.expected.vfio must be a list of strings"),
+    ({"workload_type": "vm-passthrough", "expected": {"vfio": ["65:00.0x"]}}, "plan.expected.vfio"),
+    ({"workload_type": "vm-passthrough", "expected": {"sriov": []}}, "plan.expected.sriov must be a dict"),
+    ("all", "plan must be"),
+])
+def test_a_plan_of_the_wrong_kind_is_named(plan, message):
+    with pytest.raises(AnsibleFilterError, match=re.escape(message)):
+        run(PASSTHROUGH, plan=plan)
+
+
+def test_the_role_checks_the_host_against_the_preflight_roles_plan(tmp_path):
+    """host_verify takes the plan the preflight role worked out (preflight_plan) by default."""
+    plan = pristine_plan()
+    half = [gpu(driver="vfio-pci", viable=True, members=[member(GPU, "vfio-pci"), member(AUDIO, "snd_hda_intel")])]
+    hosts = {"as-planned": fake(PASSTHROUGH), "half": fake(PASSTHROUGH, gpus=half), "no-plan": fake(PASSTHROUGH, gpus=half)}
+    host_vars = {"as-planned": {"preflight_plan": plan}, "half": {"preflight_plan": plan}}
+    rc, out, reports = role_play(tmp_path, hosts, fail=False, host_vars=host_vars)
+    assert rc == 0, out[-5000:]
+    checks = {name: dict((c["check"], c) for c in report["checks"]) for name, report in reports.items()}
+    assert reports["as-planned"]["ready"] is True, reports["as-planned"]
+    assert checks["as-planned"]["functions on vfio-pci as planned"]["ok"] is True
+    assert reports["half"]["ready"] is False
+    assert failed(checks["half"]) == ["functions on vfio-pci as planned"], checks["half"]
+    # Without a plan the same host passes: only the plan says the audio function goes to vfio-pci too.
+    assert "functions on vfio-pci as planned" not in checks["no-plan"] and reports["no-plan"]["ready"] is True
