@@ -422,8 +422,8 @@ def _boot_checks(iommu, vm, cpu_vendor, iommu_pt, workload_type, plan):
             ok = False
             detail = "the CPU vendor is neither Intel nor AMD, so this collection cannot turn the IOMMU on: %s" % cmdline
         elif wanted:
-            detail = "/proc/cmdline should have %s%s: %s" % (" ".join(wanted), " (the host's plan)" if plan else "",
-                                                           cmdline)
+            source = " (the host's plan)" if plan else ""
+            detail = "/proc/cmdline should have %s%s: %s" % (" ".join(wanted), source, cmdline)
         else:
             detail = "/proc/cmdline needs no IOMMU argument (AMD-Vi is on with the firmware's IVRS table): %s" % cmdline
         checks.append(_check("kernel command line", ok, detail))
