@@ -462,12 +462,17 @@ def read_text(path, missing=None):
     return missing if text is None else text
 
 
-def read_proc_cmdline(root="/"):
-    """Tokens of the running kernel's command line, or None when /proc/cmdline is missing."""
-    text = read_text(host_path(root, PROC_CMDLINE))
+def _read_tokens(path):
+    """The tokens of the file ``path`` (all lines joined), or None when it does not exist."""
+    text = read_text(path)
     if text is None:
         return None
     return split_cmdline(text)
+
+
+def read_proc_cmdline(root="/"):
+    """Tokens of the running kernel's command line, or None when /proc/cmdline is missing."""
+    return _read_tokens(host_path(root, PROC_CMDLINE))
 
 
 def strip_loader_tokens(tokens):
@@ -477,10 +482,7 @@ def strip_loader_tokens(tokens):
 
 def read_kernel_cmdline_file(root="/"):
     """Tokens of /etc/kernel/cmdline (all lines joined, as kernel-install reads it), or None if missing."""
-    text = read_text(host_path(root, KERNEL_CMDLINE_FILE))
-    if text is None:
-        return None
-    return split_cmdline(text)
+    return _read_tokens(host_path(root, KERNEL_CMDLINE_FILE))
 
 
 def render_kernel_cmdline_file(tokens):

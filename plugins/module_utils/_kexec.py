@@ -30,7 +30,7 @@ import os
 import re
 
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import grubby_info_entries, split_cmdline
-from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, shown as _module_shown
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import FileTooLarge, host_path, read_file
 
 GRUB_CFG = "/boot/grub/grub.cfg"
@@ -80,8 +80,7 @@ class Entry:
 
 
 def shown(value, limit=80):
-    text = repr(value)
-    return text if len(text) <= limit else "%s... (%d characters)" % (text[:limit - 10], len(str(value)))
+    return _module_shown(value, limit)
 
 
 def read_text(root, path, limit=_MAX_FILE):

@@ -30,7 +30,7 @@ import stat
 import time
 import unicodedata
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError
+from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, shown
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
 LOCK_FILE = "/var/lib/gpuops/lock.json"
@@ -77,14 +77,6 @@ def parse_stamp(text):
         return datetime.datetime.strptime(text, TIME_FORMAT).replace(tzinfo=datetime.timezone.utc)
     except ValueError:
         return None
-
-
-def shown(value, limit=60):
-    """``repr(value)`` (control characters escaped), cut to ``limit`` characters with the full length said."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    return "%s... (%d characters)" % (text[:limit - 10], len(str(value)))
 
 
 def printable(text, limit=MAX_OWNER):

@@ -25,7 +25,7 @@ import os
 import re
 import uuid as uuidlib
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov, _sysfs
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _module, _sriov, _sysfs
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import (
     MAX_WAIT,
     PCI_ADDRESS_RE,
@@ -131,10 +131,7 @@ def check_count(count):
 
 def shown(value, limit=40):
     """``repr(value)``, cut to ``limit`` characters with the full length said, for messages."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    return "%s... (%d characters)" % (text[:limit - 10], len(str(value)))
+    return _module.shown(value, limit)
 
 
 def vgpu_type_id(spec):

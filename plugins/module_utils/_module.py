@@ -51,6 +51,15 @@ def error_text(exc):
     return "%s: %s" % (type(exc).__name__, exc)
 
 
+def shown(value, limit=60):
+    """``repr(value)`` (control characters escaped), cut to ``limit`` characters with the full length said, for
+    messages."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return "%s... (%d characters)" % (text[:limit - 10], len(str(value)))
+
+
 def hide(module, *secrets):
     """Mask ``secrets`` (non-empty strings, also their stripped forms) in everything the module returns."""
     for secret in secrets:

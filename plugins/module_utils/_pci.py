@@ -222,32 +222,32 @@ def _read_raw_attr(path):
 # Selectors
 # ---------------------------------------------------------------------------------------------
 
-def parse_vendor_selectors(values):
-    """Parse ``VVVV`` or ``VVVV:DDDD`` selectors into ``[(vendor, device_or_None)]`` (lower-case)."""
-    result = []
+def _match_selectors(values, pattern, message):
+    """The match of ``pattern`` for each of ``values`` (stripped, lower-case), in order; the first value that is not a
+    string or does not match raises ``SelectorError(message % (value,))``."""
+    matches = []
     for value in values or []:
         text = value.strip().lower() if isinstance(value, str) else None
-        match = _VENDOR_SELECTOR_RE.match(text) if text is not None else None
+        match = pattern.match(text) if text is not None else None
         if not match:
-            raise SelectorError(
-                "vendor selector %r is not valid; expected VVVV or VVVV:DDDD in hex, e.g. 10de or 10de:2236"
-                % (value,))
-        result.append((match.group(1), match.group(2)))
-    return result
+            raise SelectorError(message % (value,))
+        matches.append(match)
+    return matches
+
+
+def parse_vendor_selectors(values):
+    """Parse ``VVVV`` or ``VVVV:DDDD`` selectors into ``[(vendor, device_or_None)]`` (lower-case)."""
+    return [(match.group(1), match.group(2)) for match in _match_selectors(
+        values, _VENDOR_SELECTOR_RE,
+        "vendor selector %r is not valid; expected VVVV or VVVV:DDDD in hex, e.g. 10de or 10de:2236")]
 
 
 def parse_class_selectors(values):
     """Parse class selectors (2, 4 or 6 hex digits: class, class+subclass, full) into prefixes."""
-    result = []
-    for value in values or []:
-        text = value.strip().lower() if isinstance(value, str) else None
-        match = _CLASS_SELECTOR_RE.match(text) if text is not None else None
-        if not match:
-            raise SelectorError(
-                "class selector %r is not valid; expected 2, 4 or 6 hex digits (class, class+subclass or "
-                "class+subclass+prog-if), e.g. 03, 0302 or 030200" % (value,))
-        result.append(match.group(1))
-    return result
+    return [match.group(1) for match in _match_selectors(
+        values, _CLASS_SELECTOR_RE,
+        "class selector %r is not valid; expected 2, 4 or 6 hex digits (class, class+subclass or "
+        "class+subclass+prog-if), e.g. 03, 0302 or 030200")]
 
 
 def matches_selectors(info, vendor_selectors, class_prefixes):
@@ -298,15 +298,20 @@ def _sysfs_rel(root, path):
     return "/" + os.path.relpath(real, top)
 
 
-def list_functions(root="/"):
-    """Return the sorted addresses in ``/sys/bus/pci/devices`` (empty when it does not exist)."""
-    top = host_path(root, PCI_DEVICES)
+def _list_dir(top, shown):
+    """The names in directory ``top``, sorted, or None when it does not exist; any other failure is a SysfsError
+    naming ``shown`` (the host path)."""
     try:
-        names = os.listdir(top)
+        return sorted(os.listdir(top))
     except (IOError, OSError) as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return []
-        raise SysfsError("cannot list %s: %s" % (PCI_DEVICES, exc.strerror or exc), path=top)
+            return None
+        raise SysfsError("cannot list %s: %s" % (shown, exc.strerror or exc), path=top)
+
+
+def list_functions(root="/"):
+    """Return the sorted addresses in ``/sys/bus/pci/devices`` (empty when it does not exist)."""
+    names = _list_dir(host_path(root, PCI_DEVICES), PCI_DEVICES) or []
     return sorted(name.lower() for name in names if PCI_ADDRESS_RE.fullmatch(name))
 
 
@@ -342,13 +347,7 @@ def iommu_group_of(address, root="/"):
 
 def iommu_groups(root="/"):
     """Return the sorted IOMMU group numbers in ``/sys/kernel/iommu_groups`` (empty: IOMMU off)."""
-    top = host_path(root, IOMMU_GROUPS)
-    try:
-        names = os.listdir(top)
-    except (IOError, OSError) as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return []
-        raise SysfsError("cannot list %s: %s" % (IOMMU_GROUPS, exc.strerror or exc), path=top)
+    names = _list_dir(host_path(root, IOMMU_GROUPS), IOMMU_GROUPS) or []
     return sorted(int(name) for name in names if _is_number(name))
 
 
@@ -360,12 +359,9 @@ def iommu_group_members(group, root="/"):
     """
     rel = "%s/%s/devices" % (IOMMU_GROUPS, int(group))
     top = host_path(root, rel)
-    try:
-        names = sorted(os.listdir(top))
-    except (IOError, OSError) as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            raise SysfsError("IOMMU group %s does not exist (no %s)" % (group, rel), path=top)
-        raise SysfsError("cannot list %s: %s" % (rel, exc.strerror or exc), path=top)
+    names = _list_dir(top, rel)
+    if names is None:
+        raise SysfsError("IOMMU group %s does not exist (no %s)" % (group, rel), path=top)
     members = []
     for name in names:
         if PCI_ADDRESS_RE.fullmatch(name):
@@ -456,12 +452,7 @@ def read_mdev_types(parent_dir):
     ``available_instances`` that is not a number. The one reader of mdev types (gpu_facts, mdev_create).
     """
     top = os.path.join(parent_dir, "mdev_supported_types")
-    try:
-        names = sorted(os.listdir(top))
-    except (IOError, OSError) as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return []
-        raise SysfsError("cannot list %s: %s" % (top, exc.strerror or exc), path=top)
+    names = _list_dir(top, top) or []
     types = []
     for type_id in names:
         tdir = os.path.join(top, type_id)
@@ -496,12 +487,7 @@ def mdev_parents(root="/"):
     function. An absent ``/sys/class/mdev_bus`` gives an empty list (no mdev-capable driver loaded).
     """
     top = host_path(root, MDEV_BUS_CLASS)
-    try:
-        names = sorted(os.listdir(top))
-    except (IOError, OSError) as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return []
-        raise SysfsError("cannot list %s: %s" % (MDEV_BUS_CLASS, exc.strerror or exc), path=top)
+    names = _list_dir(top, MDEV_BUS_CLASS) or []
     parents = []
     for name in names:
         pdir = os.path.join(top, name)

@@ -169,6 +169,21 @@ def _confirm_numvfs(pf_dir, address, count, timeout):
             % (count, address, current, len(list_vfs(pf_dir)), timeout))
 
 
+def _return_to_numvfs(state, timeout, confirm_zero):
+    """Set ``sriov_numvfs`` back to ``state["numvfs"]`` unless it reads so already: through 0 (confirmed only with
+    ``confirm_zero``), then the old count, confirmed. Raises SriovError or SysfsError."""
+    pf_dir, address, old = state["dir"], state["pf"], state["numvfs"]
+    current = int(read_attr(os.path.join(pf_dir, "sriov_numvfs"), default="0") or 0)
+    if current != old:
+        if current:
+            _write_numvfs(pf_dir, address, state["driver"], 0)
+            if confirm_zero:
+                _confirm_numvfs(pf_dir, address, 0, timeout)
+        if old:
+            _write_numvfs(pf_dir, address, state["driver"], old)
+            _confirm_numvfs(pf_dir, address, old, timeout)
+
+
 def set_numvfs(state, count, timeout=10):
     """Change the VF count through 0, confirming each step. Restores the old count on failure."""
     pf_dir, address, old = state["dir"], state["pf"], state["numvfs"]
@@ -184,12 +199,7 @@ def set_numvfs(state, count, timeout=10):
             raise
         rollback = "restored sriov_numvfs to %d" % old
         try:
-            current = int(read_attr(os.path.join(pf_dir, "sriov_numvfs"), default="0") or 0)
-            if current != old:
-                if current:
-                    _write_numvfs(pf_dir, address, state["driver"], 0)
-                _write_numvfs(pf_dir, address, state["driver"], old)
-                _confirm_numvfs(pf_dir, address, old, timeout)
+            _return_to_numvfs(state, timeout, confirm_zero=False)
         except (SriovError, SysfsError) as rexc:
             rollback = "restoring sriov_numvfs to %d also failed: %s" % (old, getattr(rexc, "msg", rexc))
         raise SriovError("%s; rollback: %s" % (exc.msg, rollback), rollback=rollback)
@@ -200,16 +210,9 @@ def undo_numvfs(state, timeout=10):
 
     Returns one line saying what was done, or why it failed; never raises.
     """
-    pf_dir, address, old = state["dir"], state["pf"], state["numvfs"]
+    address, old = state["pf"], state["numvfs"]
     try:
-        current = int(read_attr(os.path.join(pf_dir, "sriov_numvfs"), default="0") or 0)
-        if current != old:
-            if current:
-                _write_numvfs(pf_dir, address, state["driver"], 0)
-                _confirm_numvfs(pf_dir, address, 0, timeout)
-            if old:
-                _write_numvfs(pf_dir, address, state["driver"], old)
-                _confirm_numvfs(pf_dir, address, old, timeout)
+        _return_to_numvfs(state, timeout, confirm_zero=True)
         return "sriov_numvfs of %s set back to %d" % (address, old)
     except (SriovError, SysfsError) as exc:
         return "setting sriov_numvfs of %s back to %d failed: %s" % (address, old, exc.msg)

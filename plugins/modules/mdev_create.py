@@ -97,14 +97,14 @@ options:
     default: 10
 attributes:
   check_mode:
-    support: full
     description: Reports the devices that would be created or removed; writes nothing.
   diff_mode:
     support: full
     description: Shows the devices and persistent definitions before and after.
   idempotent:
-    support: full
     description: A second run with the same arguments finds the devices (stable UUIDs) and changes nothing.
+extends_documentation_fragment:
+  - gpuops.sandbox.attributes
 notes:
   - "Persistence: the module keeps its own definitions file C(/etc/gpuops/mdev-devices.conf) (lines
     C(mdev <parent> <type-id> <uuid>) and C(vgpu <vf> <type-id>)), a small POSIX shell script
@@ -172,7 +172,7 @@ devices:
   returned: success
   type: list
   elements: dict
-  sample:
+  sample: &mtty_device
     - {"uuid": "9a6b1b2a-58b6-5c55-8d4b-3b5d1d3c6f10", "parent": "mtty", "type_id": "mtty-1",
        "type_name": "Single port serial", "backend": "mdev"}
 created:
@@ -180,9 +180,7 @@ created:
   returned: success
   type: list
   elements: dict
-  sample:
-    - {"uuid": "9a6b1b2a-58b6-5c55-8d4b-3b5d1d3c6f10", "parent": "mtty", "type_id": "mtty-1",
-       "type_name": "Single port serial", "backend": "mdev"}
+  sample: *mtty_device
 removed:
   description: Devices removed by this run (would be removed, in check mode).
   returned: success

@@ -74,14 +74,14 @@ options:
     default: 10
 attributes:
   check_mode:
-    support: full
     description: Reports whether the count or autoprobe would change; writes nothing.
   diff_mode:
     support: full
     description: Shows C(sriov_numvfs) and C(sriov_drivers_autoprobe) before and after.
   idempotent:
-    support: full
     description: Nothing is written when the PF already has the requested count and autoprobe value.
+extends_documentation_fragment:
+  - gpuops.sandbox.attributes
 notes:
   - Root privileges are needed to write to sysfs.
 seealso:

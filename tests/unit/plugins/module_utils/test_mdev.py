@@ -24,25 +24,26 @@ from ansible_collections.gpuops.sandbox.tests.unit.fakes.mdev_hosts import (
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import FakeTree, _oserror
 
 
+def fake_host(path, monkeypatch, *builders):
+    """A fake tree at ``path`` with the mdev kernel installed and ``builders`` run on it; ``(tree, kernel)``."""
+    tree = FakeTree(path)
+    kernel = MdevKernel(tree)
+    install(monkeypatch, kernel)
+    for builder in builders:
+        builder(tree, kernel)
+    return tree, kernel
+
+
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     """Fake host with an A100 and the mtty sample (mdev bus)."""
-    tree = FakeTree(tmp_path / "a100")
-    kernel = MdevKernel(tree)
-    install(monkeypatch, kernel)
-    build_a100(tree, kernel)
-    build_mtty(tree, kernel)
-    return tree, kernel
+    return fake_host(tmp_path / "a100", monkeypatch, build_a100, build_mtty)
 
 
 @pytest.fixture
 def vgpu_host(tmp_path, monkeypatch):
     """Fake host with an L40S on the vendor-specific interface and no /sys/class/mdev_bus."""
-    tree = FakeTree(tmp_path / "l40s")
-    kernel = MdevKernel(tree)
-    install(monkeypatch, kernel)
-    build_l40s(tree, kernel)
-    return tree, kernel
+    return fake_host(tmp_path / "l40s", monkeypatch, build_l40s)
 
 
 def request(**kw):
@@ -227,15 +228,21 @@ def test_adopts_existing_devices_of_the_type(host):
     assert len(plan["create"]) == 1
 
 
+def spread_three_over_vfs(tree, name, same_type, pf, vfs, backend):
+    """Create 3 devices of type ``name`` for ``pf``, one on each of its first three VFs, through ``backend``; then
+    asking for 3 of ``same_type`` (the same type by another name) keeps them."""
+    plan = _mdev.build_plan(request(type=name, pf=pf, parents=None, count=3), tree.root)
+    assert plan["backend"] == backend
+    assert [e["parent"] for e in plan["create"]] == vfs[:3]
+    _mdev.apply_plan(plan, tree.root, 0)
+    again = _mdev.build_plan(request(type=same_type, pf=pf, parents=None, count=3), tree.root)
+    assert again["create"] == [] and len(again["keep"]) == 3
+
+
 def test_a100_pf_spreads_over_vfs(host):
     tree, _kernel = host
-    plan = _mdev.build_plan(request(type="NVIDIA A100-4C", pf=A100_PF, parents=None, count=3), tree.root)
-    assert plan["backend"] == "mdev"
-    assert [e["parent"] for e in plan["create"]] == A100_VFS[:3]
-    _mdev.apply_plan(plan, tree.root, 0)
+    spread_three_over_vfs(tree, "NVIDIA A100-4C", "nvidia-692", A100_PF, A100_VFS, "mdev")
     assert [avail(tree, vf, "nvidia-692") for vf in A100_VFS] == [0, 0, 0, 1]
-    again = _mdev.build_plan(request(type="nvidia-692", pf=A100_PF, parents=None, count=3), tree.root)
-    assert again["create"] == [] and len(again["keep"]) == 3
     with pytest.raises(_mdev.MdevError, match="1 available, 2 needed"):
         _mdev.build_plan(request(type="nvidia-692", pf=A100_PF, parents=None, count=5), tree.root)
 
@@ -245,13 +252,8 @@ def test_a100_pf_spreads_over_vfs(host):
 
 def test_vgpu_by_name_and_idempotent(vgpu_host):
     tree, _kernel = vgpu_host
-    plan = _mdev.build_plan(request(type="NVIDIA L40S-8Q", pf=L40S_PF, parents=None, count=3), tree.root)
-    assert plan["backend"] == "nvidia"
-    assert [e["parent"] for e in plan["create"]] == L40S_VFS[:3]
-    _mdev.apply_plan(plan, tree.root, 0)
+    spread_three_over_vfs(tree, "NVIDIA L40S-8Q", "1155", L40S_PF, L40S_VFS, "nvidia")
     assert [_mdev.current_vgpu_type(vf, tree.root) for vf in L40S_VFS] == [1155, 1155, 1155, 0]
-    again = _mdev.build_plan(request(type="1155", pf=L40S_PF, parents=None, count=3), tree.root)
-    assert again["create"] == [] and len(again["keep"]) == 3
     assert not os.path.exists(tree.p("/sys/bus/pci/drivers/vfio-pci"))
 
 
@@ -514,17 +516,9 @@ def test_mdev_error_kind_and_rollback_are_result_keys():
     assert err.extra == {"kind": "apply", "rollback": {"done": ["a"], "rolled_back": ["a"], "rollback_errors": []}}
 
 
-def test_wait_for_plan_is_bounded_with_a_huge_timeout(tmp_path, monkeypatch):
+def test_wait_for_plan_is_bounded_with_a_huge_timeout(tmp_path, bounded_clock):
     tree = FakeTree(tmp_path)
-    clock = [0.0]
-
-    def sleep(seconds):
-        clock[0] += seconds
-        if clock[0] > 2 * _sysfs.MAX_WAIT:
-            raise AssertionError("build_plan_waiting is not bounded by MAX_WAIT")
-
-    monkeypatch.setattr(_sysfs, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(_sysfs, "_sleep", sleep)
+    clock = bounded_clock
     for timeout in (10 ** 400, float("inf")):
         clock[0] = 0.0
         with pytest.raises(_mdev.MdevError, match="this host has no mdev parents"):

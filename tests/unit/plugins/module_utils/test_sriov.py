@@ -162,39 +162,35 @@ def test_set_numvfs_driver_without_sriov_support(tree, kernel):
         _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
 
 
-def test_set_numvfs_restores_old_count_on_failure(tree, kernel):
+def _grow_from_two_to_three_refused(tree, kernel, refused, error):
+    """Set 2 VFs, make the kernel refuse writing ``refused(value)`` to sriov_numvfs with ``error``, then ask for 3;
+    return the SriovError message."""
     add_nvme_pf(tree)
     _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
     state = _sriov.pf_state(NVME_PF, tree.root)
 
-    def refuse_three(_kernel, _path, rel, value):
-        if rel.endswith("/sriov_numvfs") and value == "3":
-            raise _oserror(errno.ENOMEM, rel)
+    def refuse(_kernel, _path, rel, value):
+        if rel.endswith("/sriov_numvfs") and refused(value):
+            raise _oserror(error, rel)
         return False
 
-    kernel.hooks.append(refuse_three)
+    kernel.hooks.append(refuse)
     with pytest.raises(_sriov.SriovError) as info:
         _sriov.set_numvfs(state, 3, timeout=0)
-    assert "Cannot allocate memory" in info.value.msg
-    assert "rollback: restored sriov_numvfs to 2" in info.value.msg
+    return info.value.msg
+
+
+def test_set_numvfs_restores_old_count_on_failure(tree, kernel):
+    msg = _grow_from_two_to_three_refused(tree, kernel, lambda value: value == "3", errno.ENOMEM)
+    assert "Cannot allocate memory" in msg
+    assert "rollback: restored sriov_numvfs to 2" in msg
     assert tree.read("/sys/bus/pci/devices/%s/sriov_numvfs" % NVME_PF) == "2"
 
 
 def test_set_numvfs_reports_failed_rollback(tree, kernel):
-    add_nvme_pf(tree)
-    _sriov.set_numvfs(_sriov.pf_state(NVME_PF, tree.root), 2, timeout=0)
-    state = _sriov.pf_state(NVME_PF, tree.root)
-
-    def refuse_nonzero(_kernel, _path, rel, value):
-        if rel.endswith("/sriov_numvfs") and value != "0":
-            raise _oserror(errno.EIO, rel)
-        return False
-
-    kernel.hooks.append(refuse_nonzero)
-    with pytest.raises(_sriov.SriovError) as info:
-        _sriov.set_numvfs(state, 3, timeout=0)
-    assert "restoring sriov_numvfs to 2 also failed" in info.value.msg
-    assert "Input/output error" in info.value.msg
+    msg = _grow_from_two_to_three_refused(tree, kernel, lambda value: value != "0", errno.EIO)
+    assert "restoring sriov_numvfs to 2 also failed" in msg
+    assert "Input/output error" in msg
 
 
 def test_set_numvfs_readback_timeout(tree, kernel):
@@ -222,17 +218,9 @@ def test_set_autoprobe_reads_back(tree, kernel):
 
 
 @pytest.mark.parametrize("timeout", [10 ** 400, 10 ** 30, float("inf"), float("nan"), -5, None, "junk", True])
-def test_wait_until_never_raises_and_is_bounded(monkeypatch, timeout):
+def test_wait_until_never_raises_and_is_bounded(bounded_clock, timeout):
     # 10**400 used to raise OverflowError in float(); inf waited for ever.
-    clock = [0.0]
-
-    def sleep(seconds):
-        clock[0] += seconds
-        if clock[0] > 2 * _sysfs.MAX_WAIT:
-            raise AssertionError("wait_until is not bounded by MAX_WAIT")
-
-    monkeypatch.setattr(_sysfs, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(_sysfs, "_sleep", sleep)
+    clock = bounded_clock
     assert _sriov.wait_until(lambda: False, timeout) is False
     assert clock[0] <= _sysfs.MAX_WAIT + _sysfs.POLL_INTERVAL
 

@@ -402,17 +402,6 @@ def test_a_failing_stop_rolls_back_the_units_already_stopped(host):
         ("active", "enabled")
 
 
-def test_a_unit_still_active_after_stop_is_rolled_back(host):
-    persistenced(host)
-    host.stuck = ["nvidia-persistenced.service"]
-    host.save()
-    result = run(host, stop=["nvidia-persistenced"])
-    assert result["failed"]
-    assert "nvidia-persistenced.service is active and disabled after systemctl stop and disable" in result["msg"]
-    assert result["rollback"] == ["nvidia-persistenced.service enabled and started again"]
-    assert host.unit("nvidia-persistenced.service")["file"] == "enabled"
-
-
 def test_a_failed_rollback_is_told_and_counts_as_a_change(host):
     persistenced(host)
     dcgm(host)
@@ -426,14 +415,22 @@ def test_a_failed_rollback_is_told_and_counts_as_a_change(host):
         host.bin + "/", "")
 
 
-def test_a_process_that_outlives_its_unit_is_a_failure_and_rolls_back(host):
+@pytest.mark.parametrize("fault, fragments, rollback, unit_ok", [
+    ("stuck", ["nvidia-persistenced.service is active and disabled after systemctl stop and disable"],
+     ["nvidia-persistenced.service enabled and started again"], lambda unit: unit["file"] == "enabled"),
+    ("escape", ["still hold(s) NVIDIA device nodes", "pid 1234"],
+     None, lambda unit: unit == {"active": "active", "file": "enabled", "pids": [1234]}),
+], ids=["a_unit_still_active_after_stop", "a_process_that_outlives_its_unit"])
+def test_a_unit_that_does_not_stop_is_a_failure_and_rolls_back(host, fault, fragments, rollback, unit_ok):
     persistenced(host)
-    host.escape = ["nvidia-persistenced.service"]
+    setattr(host, fault, ["nvidia-persistenced.service"])
     host.save()
     result = run(host, stop=["nvidia-persistenced"])
     assert result["failed"]
-    assert "still hold(s) NVIDIA device nodes" in result["msg"] and "pid 1234" in result["msg"]
-    assert host.unit("nvidia-persistenced.service") == {"active": "active", "file": "enabled", "pids": [1234]}
+    assert all(fragment in result["msg"] for fragment in fragments), result["msg"]
+    if rollback is not None:
+        assert result["rollback"] == rollback
+    assert unit_ok(host.unit("nvidia-persistenced.service"))
 
 
 # --------------------------------------------------------------------------- bad input

@@ -211,6 +211,17 @@ def run(host, check=False, diff=False, **params):
     return run_with_commands(kernel_cmdline, host, params, check=check, diff=diff)
 
 
+def refused(host, fragments, **params):
+    """Run the module; it fails with every one of ``fragments`` in its message and the host is left as it was
+    (refused, or rolled back)."""
+    snap = host.snapshot()
+    result = run(host, **params)
+    assert result["failed"] is True
+    assert all(fragment in result["msg"] for fragment in fragments), result["msg"]
+    assert host.snapshot() == snap
+    return result
+
+
 DROPIN = "/etc/default/grub.d/99-gpuops-sandbox.cfg"
 IOMMU = ["intel_iommu=on", "iommu=pt"]
 BACKUPS = "/var/lib/gpuops/backups"
@@ -398,11 +409,7 @@ def test_trailing_newline_refused_by_every_backend(tmp_path, backend, bad):
 
 def test_contradicting_request_rejected(tmp_path):
     host = debian_host(tmp_path)
-    snap = host.snapshot()
-    result = run(host, arguments=["intel_iommu=on", "intel_iommu=off"])
-    assert result["failed"] is True
-    assert "'intel_iommu=on'" in result["msg"] and "'intel_iommu=off'" in result["msg"]
-    assert host.snapshot() == snap
+    refused(host, ["'intel_iommu=on'", "'intel_iommu=off'"], arguments=["intel_iommu=on", "intel_iommu=off"])
 
 
 def test_empty_list_rejected(tmp_path):
@@ -429,17 +436,6 @@ def test_update_grub_failure_rolls_back_existing_dropin(tmp_path):
     assert host.read(DROPIN) == good_dropin
     assert host.grub_cfg() == good_cfg
     assert len(result["backup_files"]) == 1 and os.path.exists(result["backup_files"][0])
-
-
-def test_update_grub_failure_removes_new_dropin(tmp_path):
-    host = debian_host(tmp_path)
-    host.update_grub(fail=True)
-    snap = host.snapshot()
-    result = run(host, arguments=IOMMU)
-    assert result["failed"] is True
-    assert "removed %s (it did not exist before)" % host.path(DROPIN) in result["msg"]
-    assert host.snapshot() == snap
-    assert not os.path.isdir(host.path("/etc/default/grub.d"))
 
 
 # --- backups: in the collection's state directory, the newest few of each file (issue 26, item 9) -------------
@@ -506,31 +502,19 @@ def test_grub_mkconfig_used_when_update_grub_missing(tmp_path):
 def test_grub_mkconfig_without_dropin_support_refused(tmp_path):
     host = debian_host(tmp_path)
     host.grub_mkconfig(debian=False)
-    snap = host.snapshot()
-    result = run(host, arguments=IOMMU, backend="grub")
-    assert result["failed"] is True
-    assert "does not read /etc/default/grub.d" in result["msg"]
-    assert host.snapshot() == snap
+    refused(host, ["does not read /etc/default/grub.d"], arguments=IOMMU, backend="grub")
 
 
 def test_later_dropin_overriding_is_refused(tmp_path):
     host = debian_host(tmp_path)
     host.write("/etc/default/grub.d/99-zz-local.cfg", 'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=off"\n')
-    snap = host.snapshot()
-    result = run(host, arguments=IOMMU)
-    assert result["failed"] is True
-    assert "99-zz-local.cfg" in result["msg"] and "nothing changed" in result["msg"]
-    assert host.snapshot() == snap
+    refused(host, ["99-zz-local.cfg", "nothing changed"], arguments=IOMMU)
 
 
 def test_unevaluable_grub_defaults_refused(tmp_path):
     host = debian_host(tmp_path)
     host.write("/etc/default/grub.d/10-dyn.cfg", 'GRUB_CMDLINE_LINUX="$(cat /etc/extra-args)"\n')
-    snap = host.snapshot()
-    result = run(host, arguments=IOMMU)
-    assert result["failed"] is True
-    assert "10-dyn.cfg" in result["msg"] and "command substitution" in result["msg"]
-    assert host.snapshot() == snap
+    refused(host, ["10-dyn.cfg", "command substitution"], arguments=IOMMU)
 
 
 def test_timeout_stops_a_hanging_command(tmp_path):
@@ -1215,15 +1199,14 @@ def test_update_grub_failure_rolls_the_record_back(tmp_path):
     assert {k: v for k, v in host.snapshot().items() if not k.startswith(BACKUPS.lstrip("/") + "/")} == snap
 
 
-def test_failure_on_a_fresh_host_leaves_no_record_or_directory(tmp_path):
+@pytest.mark.parametrize("created, directory", [(DROPIN, "/etc/default/grub.d"), (RECORD, "/var")],
+                         ids=["removes_new_dropin", "leaves_no_record_or_directory"])
+def test_update_grub_failure_on_a_fresh_host(tmp_path, created, directory):
+    """What the run created (the drop-in, the record) is removed again, and so are the directories it made."""
     host = debian_host(tmp_path)
     host.update_grub(fail=True)
-    snap = host.snapshot()
-    result = run(host, arguments=IOMMU)
-    assert result["failed"] is True
-    assert "removed %s (it did not exist before)" % host.path(RECORD) in result["msg"]
-    assert host.snapshot() == snap
-    assert not os.path.exists(host.path("/var"))
+    refused(host, ["removed %s (it did not exist before)" % host.path(created)], arguments=IOMMU)
+    assert not os.path.exists(host.path(directory))
 
 
 def test_record_write_failure_rolls_back_the_boot_files(tmp_path):

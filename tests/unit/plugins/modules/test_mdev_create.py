@@ -54,25 +54,25 @@ def run(tree, args, check=False, diff=False):
     return run_main(mdev_create, tree.root, full, check=check, diff=diff)
 
 
-@pytest.fixture
-def host(tmp_path, monkeypatch):
-    tree = FakeTree(tmp_path)
+def fake_host(path, monkeypatch, *builders):
+    """A fake tree with the mdev kernel installed and ``builders`` run on it, its writes forgotten."""
+    tree = FakeTree(path)
     kernel = MdevKernel(tree)
     install(monkeypatch, kernel)
-    build_a100(tree, kernel)
-    build_mtty(tree, kernel)
+    for builder in builders:
+        builder(tree, kernel)
     kernel.writes.clear()
     return tree, kernel
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    return fake_host(tmp_path, monkeypatch, build_a100, build_mtty)
 
 
 @pytest.fixture
 def vgpu_host(tmp_path, monkeypatch):
-    tree = FakeTree(tmp_path)
-    kernel = MdevKernel(tree)
-    install(monkeypatch, kernel)
-    build_l40s(tree, kernel)
-    kernel.writes.clear()
-    return tree, kernel
+    return fake_host(tmp_path, monkeypatch, build_l40s)
 
 
 def live(tree):

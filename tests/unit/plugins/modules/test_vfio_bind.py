@@ -59,17 +59,23 @@ def lab(tmp_path, monkeypatch):
     return make_host(monkeypatch, st.build_vfio_lab_host(tmp_path, RELEASE))
 
 
-def assert_refused(monkeypatch, host_pair, args, msg):
-    """The module fails with exactly ``msg`` and neither the tree nor the kernel saw a write."""
+def run_unchanged(monkeypatch, host_pair, args, check):
+    """Run the module and check neither the tree nor the kernel saw a write (only dry-run modprobes)."""
     tree, kernel = host_pair
     before = tree.snapshot()
+    outcome = run(monkeypatch, host_pair, args, check=check)
+    assert tree.snapshot() == before and kernel.writes == []
+    assert [argv for argv, _env in kernel.commands if "--dry-run" not in argv] == []
+    return outcome
+
+
+def assert_refused(monkeypatch, host_pair, args, msg):
+    """The module fails with exactly ``msg``, in check mode and out of it, and neither the tree nor the kernel saw a
+    write."""
     for check in (True, False):
-        kind, result = run(monkeypatch, host_pair, args, check=check)
+        kind, result = run_unchanged(monkeypatch, host_pair, args, check=check)
         assert kind == "fail", result
         assert result["msg"] == msg
-    assert tree.snapshot() == before
-    assert kernel.writes == []
-    assert [argv for argv, _env in kernel.commands if "--dry-run" not in argv] == []
 
 
 def drivers(kernel, *addresses):
@@ -384,16 +390,6 @@ SLOT_USB_REFUSED = (
 @pytest.fixture
 def slot_host(tmp_path, monkeypatch):
     return make_host(monkeypatch, st.build_vfio_slot_host(tmp_path, RELEASE))
-
-
-def run_unchanged(monkeypatch, host_pair, args, check):
-    """Run the module and check neither the tree nor the kernel saw a write (only dry-run modprobes)."""
-    tree, kernel = host_pair
-    before = tree.snapshot()
-    outcome = run(monkeypatch, host_pair, args, check=check)
-    assert tree.snapshot() == before and kernel.writes == []
-    assert [argv for argv, _env in kernel.commands if "--dry-run" not in argv] == []
-    return outcome
 
 
 def test_slot_prediction_refuses_a_sibling_on_a_driver_not_allowed(monkeypatch, slot_host):
