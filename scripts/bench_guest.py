@@ -21,7 +21,6 @@ otherwise it ends with `gpulab reset --no-start HOST`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -32,7 +31,7 @@ from datetime import datetime
 
 # The lab paths and the IOMMU play are bench_modules.py's (beside this script).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_modules import INVENTORY, IOMMU_ARGS, LAB, PREPARE, TOP, VENV_BIN  # noqa: E402  pylint: disable=wrong-import-position
+from bench_modules import INVENTORY, IOMMU_ARGS, LAB, PREPARE, TOP, VENV_BIN, lab_host_parser  # noqa: E402  pylint: disable=wrong-import-position
 
 EDU = "0000:00:03.0"
 HDA = "0000:00:03.1"
@@ -152,14 +151,10 @@ def median(values):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--host", default="lab-modules", help="lab host to use (default: lab-modules, the spare host)")
-    parser.add_argument("--repeat", type=int, default=3, help="paused guests to time (default 3)")
-    parser.add_argument("--no-tcg-boot", action="store_true", help="leave out the boot under software emulation")
-    parser.add_argument("--skip-prepare", action="store_true",
-                        help="reuse a running host whose IOMMU is already on (no reset, start or reboot)")
-    parser.add_argument("--keep", action="store_true", help="leave the host as it is at the end (no reset)")
-    args = parser.parse_args()
+    args = lab_host_parser(__doc__, (
+        (("--repeat",), {"type": int, "default": 3, "help": "paused guests to time (default 3)"}),
+        (("--no-tcg-boot",), {"action": "store_true", "help": "leave out the boot under software emulation"}),
+    )).parse_args()
     host = args.host
     started = time.time()
     rows = []

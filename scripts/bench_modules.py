@@ -190,13 +190,21 @@ def print_table(title, header, rows):
         print("| %s |" % " | ".join(row))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+def lab_host_parser(doc, more=()):
+    """The arguments of a benchmark on a lab host: --host, then ``more`` ((flags, keywords) pairs), --skip-prepare
+    and --keep; the description is the first paragraph of ``doc``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--host", default="lab-modules", help="lab host to use (default: lab-modules, the spare host)")
+    for flags, keywords in more:
+        parser.add_argument(*flags, **keywords)
     parser.add_argument("--skip-prepare", action="store_true",
                         help="reuse a running host whose IOMMU is already on (no reset, start or reboot)")
     parser.add_argument("--keep", action="store_true", help="leave the host as it is at the end (no reset)")
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = lab_host_parser(__doc__).parse_args()
     host = args.host
     started = time.time()
     rows, cleanups = [], []

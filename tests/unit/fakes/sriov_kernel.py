@@ -19,6 +19,7 @@ import shutil
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sriov
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _sysfs
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sysfs_tree import relative_link, tree_snapshot
 
 BRIDGE = "/sys/devices/pci0000:00/0000:00:01.0"
 NVME_PF = "0000:01:00.0"
@@ -46,11 +47,7 @@ class FakeTree:
 
     def link(self, path, target):
         """Symlink host ``path`` to host ``target``, relative like sysfs links."""
-        full = self.p(path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        if os.path.lexists(full):
-            os.unlink(full)
-        os.symlink(os.path.relpath(self.p(target), os.path.dirname(full)), full)
+        relative_link(self.p(path), self.p(target))
 
     def add_pci(self, address, vendor, device, cls, driver=None, bridge=BRIDGE, group=None):
         devdir = "%s/%s" % (bridge, address)
@@ -86,19 +83,16 @@ class FakeTree:
 
     def snapshot(self):
         """Every path, link target and file content under the root, to prove nothing changed."""
-        state = {}
-        for top, dirs, files in os.walk(self.root):
-            for name in dirs + files:
-                full = os.path.join(top, name)
-                rel = os.path.relpath(full, self.root)
-                if os.path.islink(full):
-                    state[rel] = "-> " + os.readlink(full)
-                elif os.path.isfile(full):
-                    with open(full) as handle:
-                        state[rel] = handle.read()
-                else:
-                    state[rel] = "<dir>"
-        return state
+        return tree_snapshot(self.root, _entry)
+
+
+def _entry(full):
+    if os.path.islink(full):
+        return "-> " + os.readlink(full)
+    if os.path.isfile(full):
+        with open(full) as handle:
+            return handle.read()
+    return "<dir>"
 
 
 def _oserror(code, path):

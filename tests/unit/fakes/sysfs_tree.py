@@ -123,11 +123,7 @@ class SysfsTree:
 
     def link(self, host, target):
         """Make ``host`` a relative symlink to the host path ``target`` (which may not exist)."""
-        full = self.path(host)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        if os.path.lexists(full):
-            os.unlink(full)
-        os.symlink(os.path.relpath(self.path(target), os.path.dirname(full)), full)
+        relative_link(self.path(host), self.path(target))
         return host
 
     def raw_link(self, host, target):
@@ -261,19 +257,34 @@ class SysfsTree:
 
     def snapshot(self):
         """Return every path under the root with its kind and content (file text or link target)."""
-        state = {}
-        for top, dirs, files in os.walk(self.root):
-            for name in dirs + files:
-                full = os.path.join(top, name)
-                rel = os.path.relpath(full, self.root)
-                if os.path.islink(full):
-                    state[rel] = ("link", os.readlink(full))
-                elif os.path.isdir(full):
-                    state[rel] = ("dir", None)
-                else:
-                    with open(full, "rb") as handle:
-                        state[rel] = ("file", handle.read(), os.stat(full).st_mtime_ns)
-        return state
+        return tree_snapshot(self.root, _entry)
+
+
+def relative_link(full, target):
+    """Make ``full`` a symlink to ``target``, relative to its directory as sysfs links are, in place of what is there."""
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    if os.path.lexists(full):
+        os.unlink(full)
+    os.symlink(os.path.relpath(target, os.path.dirname(full)), full)
+
+
+def tree_snapshot(root, entry):
+    """Every path under ``root`` (relative to it) with what ``entry`` makes of its full path."""
+    state = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            full = os.path.join(top, name)
+            state[os.path.relpath(full, root)] = entry(full)
+    return state
+
+
+def _entry(full):
+    if os.path.islink(full):
+        return ("link", os.readlink(full))
+    if os.path.isdir(full):
+        return ("dir", None)
+    with open(full, "rb") as handle:
+        return ("file", handle.read(), os.stat(full).st_mtime_ns)
 
 
 # Argument values that have broken modules before, for the fuzz tests of every host module: what

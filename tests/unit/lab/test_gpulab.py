@@ -100,33 +100,24 @@ def write_hosts(gpulab, text):
         handle.write(text)
 
 
-def test_hosts_come_from_the_inventory_in_order(gpulab):
-    write_hosts(gpulab, """
-all:
-  children:
-    gpu_nodes:
-      children:
+@pytest.mark.parametrize("groups, unknown", [
+    # The hosts come from the inventory in order.
+    ("""
         container: {hosts: {b-host: null}}
         vm_vgpu: {hosts: {a-host: null, b-host: null}}
-""")
-    assert gpulab.lab_hosts() == ["b-host", "a-host"]
-    assert gpulab.select_hosts([]) == ["b-host", "a-host"]
-    with pytest.raises(gpulab.LabError, match=r"unknown lab host\(s\) c-host; the lab has: b-host, a-host"):
-        gpulab.select_hosts(["c-host"])
-
-
-def test_a_host_the_collection_does_not_manage_gets_no_vm(gpulab):
-    write_hosts(gpulab, """
-all:
-  children:
-    gpu_nodes:
-      children:
+""", "c-host"),
+    # A host the collection does not manage gets no VM.
+    ("""
         container: {hosts: {b-host: null, elsewhere: {gpuops_host_managed: false}}}
         vm_vgpu: {hosts: {a-host: {gpuops_host_managed: true}}}
-""")
+""", "elsewhere"),
+], ids=["in-order", "not-managed"])
+def test_the_lab_hosts_are_the_managed_gpu_nodes_in_order(gpulab, groups, unknown):
+    write_hosts(gpulab, "all:\n  children:\n    gpu_nodes:\n      children:" + groups)
     assert gpulab.lab_hosts() == ["b-host", "a-host"]
-    with pytest.raises(gpulab.LabError, match=r"unknown lab host\(s\) elsewhere"):
-        gpulab.select_hosts(["elsewhere"])
+    assert gpulab.select_hosts([]) == ["b-host", "a-host"]
+    with pytest.raises(gpulab.LabError, match=r"unknown lab host\(s\) %s; the lab has: b-host, a-host" % unknown):
+        gpulab.select_hosts([unknown])
 
 
 def test_a_host_without_autostart_starts_only_when_named(gpulab):
@@ -436,6 +427,15 @@ def test_the_rescue_report_is_read_without_ssh_and_kept(gpulab):
         assert "Active: activating (start)" in handle.read()
 
 
+def console_vm(gpulab, name, console):
+    """A lab host's state directory whose console log holds ``console``."""
+    vm = gpulab.Vm(name)
+    os.makedirs(vm.dir)
+    with open(vm.serial, "w") as handle:
+        handle.write(console)
+    return vm
+
+
 def test_a_silent_rescue_port_is_said_so(gpulab):
     vm = gpulab.Vm("lab-s")
     os.makedirs(vm.dir)
@@ -456,20 +456,14 @@ def test_a_silent_rescue_port_is_said_so(gpulab):
     ("", False),
 ])
 def test_a_boot_is_done_when_its_own_login_prompt_is_on_the_console(gpulab, console, booted):
-    vm = gpulab.Vm("lab-c")
-    os.makedirs(vm.dir)
-    with open(vm.serial, "w") as handle:
-        handle.write(console)
+    vm = console_vm(gpulab, "lab-c", console)
     assert gpulab.labnet.booted_at(vm) is booted
 
 
 def test_a_restart_waits_for_the_prompt_of_its_own_boot(gpulab):
     """A restart on the same port goes on in the same console file: the boot before's prompt is not this one's."""
-    vm = gpulab.Vm("lab-c2")
-    os.makedirs(vm.dir)
     before = "Linux version 6.1\ngpulab login: \n"
-    with open(vm.serial, "w") as handle:
-        handle.write(before + "SeaBIOS (version 1.16)\nBooting from Hard Disk...\n")
+    vm = console_vm(gpulab, "lab-c2", before + "SeaBIOS (version 1.16)\nBooting from Hard Disk...\n")
     assert gpulab.labnet.booted_at(vm) is True
     assert gpulab.labnet.booted_at(vm, console_from=len(before)) is False
     with open(vm.serial, "a") as handle:
@@ -478,10 +472,7 @@ def test_a_restart_waits_for_the_prompt_of_its_own_boot(gpulab):
 
 
 def test_a_booted_guest_that_does_not_answer_is_named_after_the_bound(gpulab, monkeypatch):
-    vm = gpulab.Vm("lab-n")
-    os.makedirs(vm.dir)
-    with open(vm.serial, "w") as handle:
-        handle.write("Linux version 6.1\ngpulab login: ")
+    vm = console_vm(gpulab, "lab-n", "Linux version 6.1\ngpulab login: ")
     monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
     monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)
     monkeypatch.setattr(gpulab.labnet.time, "sleep", lambda seconds: None)
@@ -503,10 +494,8 @@ def silent_host(gpulab, monkeypatch, sleep=lambda seconds: None):
 def test_a_boot_whose_console_went_silent_is_named_after_the_bound(gpulab, monkeypatch):
     """A boot that stopped before its login prompt (its console silent, SSH not answering) counts as not answering,
     after the silence bound, not the (shorter) answer bound: a booting guest is often quiet for seconds."""
-    vm = gpulab.Vm("lab-q")
-    os.makedirs(vm.dir)
-    with open(vm.serial, "w") as handle:
-        handle.write("Linux version 6.1\n[ OK ] Reached target Network.\n(2 of 3) Job ssh.service/start running")
+    vm = console_vm(gpulab, "lab-q",
+                    "Linux version 6.1\n[ OK ] Reached target Network.\n(2 of 3) Job ssh.service/start running")
     silent_host(gpulab, monkeypatch)
     with pytest.raises(gpulab.NoAnswer, match=r"lab-q: its console has been silent for \d+s without a login prompt and "
                                               r"SSH on 127.0.0.1:40557 does not answer \(a boot that stopped\)"):
@@ -530,10 +519,7 @@ def test_a_boot_that_still_prints_is_waited_for(gpulab, monkeypatch):
 
 
 def test_a_guest_that_never_answers_fails_with_its_console_and_rescue_report(gpulab, monkeypatch):
-    vm = gpulab.Vm("lab-f")
-    os.makedirs(vm.dir)
-    with open(vm.serial, "w") as handle:
-        handle.write("Linux version 6.1\n[ OK ] Started ssh.service")
+    vm = console_vm(gpulab, "lab-f", "Linux version 6.1\n[ OK ] Started ssh.service")
     monkeypatch.setattr(gpulab.Vm, "process_alive", lambda self: True)
     monkeypatch.setattr(gpulab.Vm, "rescue_report", lambda self: "=== gpulab-rescue: networkctl: degraded")
     monkeypatch.setattr(gpulab.labnet, "ssh_answers", lambda port: False)

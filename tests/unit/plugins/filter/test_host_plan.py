@@ -113,12 +113,19 @@ def test_the_prepared_lab_host_has_an_empty_plan(monkeypatch, tmp_path):
     assert plan["expected"]["vfio"] == ["0000:00:03.0", "0000:00:03.1", "0000:01:00.0"]
 
 
-def test_a_function_that_fell_off_vfio_pci_is_planned_back_without_a_reboot(monkeypatch, tmp_path):
+@pytest.mark.parametrize("drift, detail", [
+    # A function that fell off vfio-pci is bound back.
+    (lambda tree: tree.bind("0000:00:03.1", "snd_hda_intel"), "bind 0000:00:03.1 to vfio-pci"),
+    # A stale image of another kernel is rebuilt.
+    (lambda tree: installed(tree, "6.1.0-50-amd64", initramfs=False),
+     "rebuild the initramfs of the installed kernel 6.1.0-50-amd64"),
+], ids=["function-off-vfio-pci", "stale-image-of-another-kernel"])
+def test_drift_of_a_prepared_passthrough_host_is_planned_back_without_a_reboot(monkeypatch, tmp_path, drift, detail):
     tree = lab_host(tmp_path, iommu=True)
     prepare_as_passthrough(tree)
-    tree.bind("0000:00:03.1", "snd_hda_intel")
+    drift(tree)
     plan = plan_of(monkeypatch, tree, "vm-passthrough")
-    assert details(plan) == ["bind 0000:00:03.1 to vfio-pci"]
+    assert details(plan) == [detail]
     assert plan["reboot"]["required"] is False
 
 
@@ -131,15 +138,6 @@ def test_arguments_written_but_not_booted_yet_are_a_pending_reboot_not_a_change_
     plan = plan_of(monkeypatch, tree, "vm-passthrough")
     assert "boot with intel_iommu=on iommu=pt, already in the boot entries" in details(plan)
     assert plan["reboot"]["reasons"] == ["kernel command line changed"]
-
-
-def test_a_stale_image_of_another_kernel_is_rebuilt_without_a_reboot(monkeypatch, tmp_path):
-    tree = lab_host(tmp_path, iommu=True)
-    prepare_as_passthrough(tree)
-    installed(tree, "6.1.0-50-amd64", initramfs=False)
-    plan = plan_of(monkeypatch, tree, "vm-passthrough")
-    assert details(plan) == ["rebuild the initramfs of the installed kernel 6.1.0-50-amd64"]
-    assert plan["reboot"]["required"] is False
 
 
 def test_switching_a_prepared_passthrough_host_to_container_gives_everything_back(monkeypatch, tmp_path):
