@@ -21,6 +21,9 @@ description:
     false (a host another tool prepares, C(gpuops_host_managed=false)) reads C(host managed elsewhere).
   - The last line counts the nodes, those refused, those that would reboot, those with nothing to change and those
     managed elsewhere.
+  - With O(cluster), a section C(CLUSTER) follows with the cluster half's plan - whether the cluster was read, each
+    change (labels per node, Helm releases, KubeVirt entries and feature gates) an item a line, each refusal with its
+    fix, C(nothing to change) when the cluster was read and matches.
 author:
   - gpuops.sandbox contributors (@gpuops)
 options:
@@ -42,6 +45,13 @@ options:
     description: Return the list of the lines instead of one string (M(ansible.builtin.debug) prints it one line an item).
     type: bool
     default: false
+  cluster:
+    description:
+      - The cluster half's plan (P(gpuops.sandbox.cluster_plan#filter)), shown under the nodes' rows - a row a node
+        with the labels it would get or the changes to them, a row a Helm release with what would happen to it, the
+        KubeVirt entries, and what would refuse the cluster half.
+      - Null leaves the section out.
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -95,7 +105,31 @@ def _plan_rows(plans, hosts):
     return rows
 
 
-def plan_table(plans, hosts, width=100, lines=False):
+def _wrapped(table, items, width):
+    for item in items:
+        parts = textwrap.wrap(item, width - 4, break_on_hyphens=False) or [""]
+        table.extend(["  - " + parts[0]] + ["    " + more for more in parts[1:]])
+
+
+def _cluster_lines(cluster, width):
+    if not isinstance(cluster, Mapping):
+        raise AnsibleFilterError("plan_table: cluster must be the cluster_plan filter's result, got %r" % (cluster,))
+    read = bool(cluster.get("read"))
+    head = "CLUSTER  " + ("read: what would change there" if read else
+                          "not read (no gpuops_kubeconfig): what it would set")
+    if cluster.get("partial"):
+        head += "; --limit: these nodes only, no Helm release"
+    items = ["REFUSED %s: %s; fix: %s" % (r.get("check"), r.get("problem"), r.get("fix"))
+             for r in cluster.get("refusals") or []]
+    items += [c.get("detail", "") for c in cluster.get("changes") or []]
+    if not items:
+        items = ["nothing to change"]
+    table = textwrap.wrap(head, width)
+    _wrapped(table, items, width)
+    return table
+
+
+def plan_table(plans, hosts, width=100, lines=False, cluster=None):
     try:
         as_lines = boolean(lines, strict=True)
         width = max(int(width), 60)
@@ -109,9 +143,7 @@ def plan_table(plans, hosts, width=100, lines=False):
         cells = [cell if len(cell) <= size else cell[:size - 1] + "~" for cell, size in zip(row[:3], sizes)]
         table.append("  ".join(cell.ljust(size) for cell, size in zip(cells, sizes)).rstrip())
         # Each item of the plan under its row, the width of the table: a path or a list of arguments stays readable.
-        for item in row[3]:
-            parts = textwrap.wrap(item, width - 4, break_on_hyphens=False)
-            table.extend(["  - " + parts[0]] + ["    " + more for more in parts[1:]])
+        _wrapped(table, row[3], width)
     refused = sum(1 for row in rows if any(item.startswith("REFUSED") for item in row[3]))
     reboots = sum(1 for row in rows if row[2] == "yes")
     unchanged = sum(1 for row in rows if row[3] == ["nothing to change"])
@@ -119,6 +151,8 @@ def plan_table(plans, hosts, width=100, lines=False):
     table.extend(textwrap.wrap("%d GPU node%s: %d refused, %d would reboot, %d with nothing to change"
                                % (len(rows), "" if len(rows) == 1 else "s", refused, reboots, unchanged)
                                + (", %d managed elsewhere" % elsewhere if elsewhere else ""), width))
+    if cluster is not None:
+        table.extend(_cluster_lines(cluster, width))
     return table if as_lines else "\n".join(table)
 
 

@@ -178,30 +178,45 @@ def test_site_is_a_noop_on_prepared_hosts(site_run, settled_lab, kube_api):
     assert summary and int(summary.group(2)) >= len(types), out[-3000:]
 
 
-def test_the_plan_of_the_prepared_lab_is_empty(site_run, settled_lab, tmp_path):
+def test_the_plan_of_the_prepared_lab_is_empty(site_run, settled_lab, kube_api, tmp_path):
     """playbooks/plan.yml on the lab the scenarios prepared (after site.yml's run, which changed nothing): every host
     it connects to reads "nothing to change" in the table and "empty" in the JSON, the host another tool prepares
-    reads as managed elsewhere, and nothing changed."""
+    reads as managed elsewhere, and nothing changed. Given the kubeconfig it reads the cluster (nodes, Helm releases,
+    the KubeVirt CR) and the cluster half's plan is empty too: no label, release or KubeVirt entry would change."""
     del site_run  # after it: the cluster half's run leaves the hosts as they were
     document = str(tmp_path / "plan.json")
+    path = os.pathsep.join([kube_api["bin_dir"], os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     proc = run_cmd(["ansible-playbook", "playbooks/plan.yml", "-i", "inventories/lab/",
-                    "-e", "gpuops_plan_file=" + document], timeout=900)
+                    "-e", "gpuops_plan_file=" + document, "-e", "gpuops_kubeconfig=" + kube_api["kubeconfig"]],
+                   timeout=900, env={"PATH": path})
     assert proc.returncode == 0, proc.stdout[-6000:]
     out = proc.stdout
     assert "changed=0" in out and "Traceback" not in out, out[-3000:]
     with open(document, encoding="utf-8") as handle:
-        plans = json.load(handle)
+        document = json.load(handle)
+    plans, cluster = document["hosts"], document["cluster"]
     for host in settled_lab:
         plan = plans[host]
         assert plan["empty"] is True and plan["reboot"]["required"] is False, (host, plan)
         assert plan["changes"] == [] and plan["refusals"] == [], (host, plan)
     assert plans["lab-h200"]["managed"] is False
-    # The table under the lab's yaml result format: a row a host, its plan under it.
+    # The cluster half, read from the lab's API server: every node (lab-h200 too) labelled as the run left it, both
+    # releases installed with the values they would get, the KubeVirt CR permitting what the hosts offer.
+    assert cluster["read"] is True, cluster
+    assert cluster["refusals"] == [] and cluster["changes"] == [] and cluster["empty"] is True, cluster
+    assert sorted(n["name"] for n in cluster["nodes"]) == sorted(list(settled_lab) + ["lab-h200"]), cluster["nodes"]
+    assert [n["changed"] for n in cluster["nodes"]] == [False] * len(cluster["nodes"]), cluster["nodes"]
+    assert sorted((r["name"], r["action"]) for r in cluster["releases"]) == [
+        ("dra-driver-nvidia-gpu", "unchanged"), ("gpu-operator", "unchanged")], cluster["releases"]
+    assert {"pciVendorSelector": "1234:11E8", "resourceName": "nvidia.com/11e8",
+            "externalResourceProvider": True} in cluster["kubevirt"]["pciHostDevices"], cluster["kubevirt"]
+    # The table under the lab's yaml result format: a row a host, its plan under it, then the cluster's section.
     for host in settled_lab:
         assert re.search(r"^\s*%s\s+(container|vm-passthrough|vm-vgpu|dra)\s+no\n\s+- nothing to change$"
                          % re.escape(host), out, re.M), out[-4000:]
     assert re.search(r"\d+ GPU nodes: 0 refused, 0 would reboot, %d with nothing to change, 1 managed"
                      % len(settled_lab), " ".join(out.split())), out[-3000:]
+    assert re.search(r"^\s*CLUSTER  read: what would change there\n\s+- nothing to change$", out, re.M), out[-4000:]
 
 
 def test_site_shares_the_container_nodes_gpus(site_run, kube_api):
