@@ -58,3 +58,56 @@ def test_host_prepare_without_the_plan_stops_naming_the_preflight_role(tmp_path)
     assert rc != 0, out[-3000:]
     assert "needs the host's plan from the role gpuops.sandbox.preflight" in " ".join(out.split()), out[-3000:]
     assert "Nothing was changed" in out and "Traceback" not in out
+
+
+VGPU = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Prepare the vGPU devices
+      ansible.builtin.include_role:
+        name: gpuops.sandbox.host_prepare
+        tasks_from: vgpu.yml
+"""
+
+
+def _vgpu_node_plan(host, gpus):
+    config = {"version": "v1", "vgpu-configs": {"A10-8Q": [{"devices": "all", "vgpu-devices": {"A10-8Q": 2}}]}}
+    settings = {"workload_type": "vm-vgpu", "vgpu_devices": "host", "vgpu_device_config": config,
+                "vgpu_config_name": "A10-8Q"}
+    return host_plan(gpus, {"enabled": True}, host, settings, mdev_parents=[])
+
+
+def test_vgpu_devices_are_the_plans_calls(tmp_path):
+    """tasks/vgpu.yml makes the plan's sriov_vfs and mdev_create calls: with a PF this machine lacks, sriov_vfs is
+    reached with the plan's address and count, and the stale type the plan removes is never worked out again."""
+    (tmp_path / "play.yml").write_text(VGPU)
+    pf = "0000:ff:1e.0"
+    gpus = [{"address": pf, "vendor_id": "10de", "class_id": "030200", "sriov_totalvfs": 4, "driver": "nvidia"}]
+    host = {"mdev_devices": [], "sriov": {pf: {"totalvfs": 4, "numvfs": 0}}, "managed_files": {}}
+    plan = _vgpu_node_plan(host, gpus)
+    assert plan["calls"]["sriov"] == [{"pf": pf, "count": 4, "persistent": True}]
+    assert plan["calls"]["mdev"] == [{"type": "NVIDIA A10-8Q", "count": 2, "persistent": True, "pf": pf}]
+    # Facts that disagree with the plan: the role must not read them (the plan is what preflight checked).
+    facts = {"ansible_python_interpreter": sys.executable, "preflight_plan": plan,
+             "gpu_facts_gpus": [], "gpu_facts_host": {"mdev_devices": [], "sriov": {}}, "gpu_facts_mdev_parents": []}
+    (tmp_path / "vars.json").write_text(json.dumps(facts))
+    rc, out = ansible_playbook("-i", "localhost,", "-c", "local", tmp_path / "play.yml", "--check",
+                               "-e", "@%s" % (tmp_path / "vars.json"))
+    flat = " ".join(out.split())
+    assert "has no attribute" not in out and "Traceback" not in out, out[-3000:]
+    assert rc != 0 and "%s: 4 VFs" % pf in flat, out[-3000:]
+    assert "PCI device %s does not exist on this host" % pf in flat, out[-3000:]
+
+
+def test_vgpu_node_with_nothing_to_do_makes_no_call(tmp_path):
+    """A plan with no VFs and no vGPU devices to make (a vm-vgpu node whose configuration gives no device): the task
+    file runs through, changing nothing."""
+    (tmp_path / "play.yml").write_text(VGPU)
+    plan = {"calls": {"sriov": [], "mdev_remove": [], "mdev": []}}
+    facts = {"ansible_python_interpreter": sys.executable, "preflight_plan": plan}
+    (tmp_path / "vars.json").write_text(json.dumps(facts))
+    rc, out = ansible_playbook("-i", "localhost,", "-c", "local", tmp_path / "play.yml", "--check",
+                               "-e", "@%s" % (tmp_path / "vars.json"))
+    assert rc == 0, out[-3000:]
+    assert "changed=0" in out and "failed=0" in out, out[-3000:]
