@@ -8,10 +8,10 @@ This file is private to the gpuops.sandbox collection: its interface may change 
 
 Everything here only reads, and never fails on a file it cannot read (the fact says less instead). The
 distribution (os-release), the running kernel, the live mediated devices, the collection's own boot files found
-on the host (their paths come from the module_utils that write them), the SR-IOV VF counts and the VFs recorded
-for boot, the boot fingerprint (one digest over what a GPU node's preparation depends on at boot), and the record
-the host preparation left the last time it found the host ready, and every installed kernel with what it lacks of
-the collection's boot settings (_kernels).
+on the host (their paths come from the module_utils that write them, the names of the module file sets from the
+caller), the SR-IOV VF counts and the VFs recorded for boot, the boot fingerprint (one digest over what a GPU node's
+preparation depends on at boot), and the record the host preparation left the last time it found the host ready, and
+every installed kernel with what it lacks of the collection's boot settings (_kernels).
 """
 
 from __future__ import annotations
@@ -27,25 +27,39 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils import (
     _cmdline,
     _kernels,
     _mdev,
+    _modprobe,
     _persist,
     _sriov,
     _vfio,
 )
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
-# The collection's boot files by what they do; their presence tells what a host was set up for. The module files
-# are the ones host_prepare names for kernel_modules (gpuops-nouveau, gpuops-vfio).
-MANAGED_FILES = {
-    # The record of what kernel_cmdline replaced counts too: on grubby, grub2-mkconfig and kernel-install hosts
-    # it is the only file of this collection's kernel arguments.
-    "kernel_cmdline": [_cmdline.GRUB_DROPIN_DIR + "/" + _bootloader.DROPIN_NAME, _cmdline.RECORD_FILE],
-    "nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"],
-    "vfio_modules": ["/etc/modprobe.d/gpuops-vfio.conf", "/etc/modules-load.d/gpuops-vfio.conf"],
-    "mdev_definitions": [_mdev.DEFINITIONS_FILE],
-    "sriov_definitions": [_sriov.DEFINITIONS_FILE],
-    # Left by kernel_modules / kernel_cmdline while the initramfs or grub.cfg is generated: a run cut short there.
-    "pending": [_persist.pending_path(_persist.PENDING_INITRAMFS), _persist.pending_path(_persist.PENDING_BOOTLOADER)],
-}
+
+def managed_paths(module_files=None):
+    """The collection's boot files by what they do; their presence tells what a host was set up for.
+
+    ``module_files`` names the sets of module files the host preparation writes (``nouveau``, ``vfio``: the names
+    the roles give kernel_modules, _modprobe.DEFAULT_SETS when None); their paths are _modprobe's.
+    """
+    sets = dict(_modprobe.DEFAULT_SETS, **(module_files or {}))
+    nouveau, vfio = _modprobe.set_files(sets["nouveau"]), _modprobe.set_files(sets["vfio"])
+    return {
+        # The record of what kernel_cmdline replaced counts too: on grubby, grub2-mkconfig and kernel-install hosts
+        # it is the only file of this collection's kernel arguments.
+        "kernel_cmdline": [_cmdline.GRUB_DROPIN_DIR + "/" + _bootloader.DROPIN_NAME, _cmdline.RECORD_FILE],
+        "nouveau": [nouveau["modprobe"]],
+        "vfio_modules": [vfio["modprobe"], vfio["load"]],
+        "mdev_definitions": [_mdev.DEFINITIONS_FILE],
+        "sriov_definitions": [_sriov.DEFINITIONS_FILE],
+        # Left by kernel_modules / kernel_cmdline while the initramfs or grub.cfg is generated: a run cut short there.
+        "pending": [_persist.pending_path(_persist.PENDING_INITRAMFS),
+                    _persist.pending_path(_persist.PENDING_BOOTLOADER)],
+    }
+
+
+# The boot files of a host whose sets of module files have the default names.
+MANAGED_FILES = managed_paths()
+
 OS_RELEASE_FILES = ("/etc/os-release", "/usr/lib/os-release")
 OS_RELEASE_KEYS = ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME", "VERSION_CODENAME")
 KERNEL_RELEASE_FILE = _kernels.KERNEL_RELEASE_FILE
@@ -59,13 +73,8 @@ FINGERPRINT_SOURCES = (
     (_cmdline.GRUB_DROPIN_DIR, "*", "content"),
     ("/etc/kernel", "cmdline", "content"),
     ("/etc/kernel/cmdline.d", "*", "content"),
-    ("/etc/modprobe.d", "*", "content"),
-    ("/etc/modules-load.d", "*", "content"),
-    ("/etc", "modules", "content"),
-    ("/etc/initramfs-tools", "modules", "content"),
-    ("/etc/initramfs-tools", "initramfs.conf", "content"),
-    ("/etc/initramfs-tools/conf.d", "*", "content"),
-    ("/etc/dracut.conf.d", "*", "content"),
+    # The module and initramfs configuration (_modprobe's).
+) + tuple((directory, pattern, "content") for directory, pattern in _modprobe.CONFIG_FILES) + (
     (_vfio.UDEV_RULES_DIR, _vfio.UDEV_RULE_PREFIX + "*", "content"),
     ("/etc/gpuops", "*", "content"),
     ("/etc/systemd/system", "gpuops-*", "content"),
@@ -96,10 +105,10 @@ def read_os_release(root="/"):
             "codename": info.get("version_codename"), "pretty_name": info.get("pretty_name")}
 
 
-def managed_files(root="/"):
-    """The collection's boot files present on the host, by what they do (see MANAGED_FILES), and its udev rules."""
+def managed_files(root="/", module_files=None):
+    """The collection's boot files present on the host, by what they do (see managed_paths), and its udev rules."""
     managed = {}
-    for key, paths in MANAGED_FILES.items():
+    for key, paths in managed_paths(module_files).items():
         managed[key] = [p for p in paths if os.path.exists(host_path(root, p))]
     try:
         rules = sorted(name for name in os.listdir(host_path(root, _vfio.UDEV_RULES_DIR))
@@ -158,8 +167,8 @@ def nvidia_module_aliases(root="/"):
     """The module names the modprobe configuration loads when the ``nvidia`` module is asked for: the first module
     of each modprobe call of an ``install nvidia`` command, and the target of an ``alias nvidia`` line."""
     found = []
-    for _path, text in _vfio.modprobe_files(root):
-        for line in _vfio.modprobe_logical_lines(text):
+    for _path, text in _modprobe.modprobe_files(root):
+        for line in _modprobe.modprobe_logical_lines(text):
             words = line.split("#", 1)[0].split()
             if len(words) < 3 or _module_key(words[1]) != NVIDIA_MODULE:
                 continue
@@ -268,12 +277,20 @@ def nvidia_driver(root="/", kernel=None):
     return {"loaded": loaded, "version": version, "host_module": host_module, "source": source}
 
 
-def host_summary(root="/"):
-    """The ``gpu_facts_host`` fact."""
+def set_sources(module_files=None):
+    """Every file the sets ``module_files`` (see managed_paths) may write that an initramfs carries: what
+    _kernels compares the images with, besides the files with the collection's prefix."""
+    sets = dict(_modprobe.DEFAULT_SETS, **(module_files or {}))
+    return [path for kind in _modprobe.SET_KINDS for _key, path in sorted(_modprobe.set_files(sets[kind]).items())]
+
+
+def host_summary(root="/", module_files=None):
+    """The ``gpu_facts_host`` fact; ``module_files`` names the sets of module files (see managed_paths)."""
     kernel = (_persist.read_text(root, KERNEL_RELEASE_FILE) or "").strip() or None
     mdevs = sorted(_mdev.list_mdev_devices(root).values(), key=lambda dev: dev["uuid"])
-    kernels = _kernels.installed_kernels(root, kernel)
-    return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs, "managed_files": managed_files(root),
+    kernels = _kernels.installed_kernels(root, kernel, extra_sources=set_sources(module_files))
+    return {"os": read_os_release(root), "kernel": kernel, "mdev_devices": mdevs,
+            "managed_files": managed_files(root, module_files),
             "sriov": sriov_counts(root), "sriov_recorded": recorded_sriov_pfs(root),
             "fingerprint": boot_fingerprint(root, kernel, kernels), "prepared": read_prepared(root),
             "nvidia_driver": nvidia_driver(root, kernel), "kernels": kernels}

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _modprobe
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import driver_allows_vfio
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     IOMMU_WORKLOAD_TYPES,
@@ -27,10 +28,6 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._cluster import (
     PlanError,
 )
 
-# The names host_prepare gives kernel_modules for its module files (/etc/modprobe.d/<name>.conf and
-# /etc/modules-load.d/<name>.conf), and the files gpu_facts finds them by (managed_files).
-NOUVEAU_FILES = "gpuops-nouveau"
-VFIO_FILES = "gpuops-vfio"
 OWNERS = ("host", "operator")
 IOMMU_ARGUMENTS = {"intel": "intel_iommu=on"}
 IOMMU_PT = "iommu=pt"
@@ -53,13 +50,17 @@ DEFAULTS = {
     "dra_driver_version": "",
     "vfio_modules": ["vfio", "vfio_iommu_type1", "vfio_pci"],
     "vfio_softdeps": ["nvidia", "nouveau"],
+    # The names host_prepare gives kernel_modules for its sets of module files (the stems of
+    # /etc/modprobe.d/<name>.conf and /etc/modules-load.d/<name>.conf); gpu_facts is given the same names
+    # (module_files) to find them by. The roles take them from gpuops_module_files.
+    "module_files": dict(_modprobe.DEFAULT_SETS),
 }
 
 
 # The settings the plan's calls depend on, returned with the plan (the vendor and device IDs as their selectors).
 PLANNED_SETTINGS = ("workload_type", "vendors", "class_ids", "vfio_binding", "vgpu_devices", "iommu_pt",
                     "vfio_group_drivers", "remove_vfio_claims", "dra_stop_blockers", "dra_driver_version",
-                    "vfio_modules", "vfio_softdeps")
+                    "vfio_modules", "vfio_softdeps", "module_files")
 
 
 def gpu_selectors(vendor_ids, device_ids=None):
@@ -104,6 +105,11 @@ def _settings(settings):
         merged[name] = [str(item) for item in _strings(name, merged[name])]
     if not isinstance(merged["supported_os"], Mapping):
         raise PlanError("supported_os must map an os-release ID to its releases, got %r" % (merged["supported_os"],))
+    if isinstance(merged["module_files"], Mapping):
+        merged["module_files"] = dict(merged["module_files"])
+    problem = _modprobe.sets_problem(merged["module_files"])
+    if problem:
+        raise PlanError("module_files: %s" % problem)
     merged["vendors"] = gpu_selectors(merged["vendor_ids"], merged["device_ids"])
     merged["dra_driver_version"] = str(merged["dra_driver_version"])
     return merged
@@ -178,10 +184,11 @@ def _module_files(plan, s, host, gpus):
     managed = host.get("managed_files") or {}
     kind = s["workload_type"]
     rebuild = False
-    plan.calls["nouveau"] = {"name": NOUVEAU_FILES, "blacklist": ["nouveau"], "options": {"nouveau": "modeset=0"},
+    names = s["module_files"]
+    plan.calls["nouveau"] = {"name": names["nouveau"], "blacklist": ["nouveau"], "options": {"nouveau": "modeset=0"},
                              "rebuild": "never" if kind == "vm-passthrough" else "changed"}
     if not managed.get("nouveau"):
-        plan.change("module files", "blacklist nouveau (/etc/modprobe.d/%s.conf)" % NOUVEAU_FILES,
+        plan.change("module files", "blacklist nouveau (%s)" % _modprobe.set_files(names["nouveau"])["modprobe"],
                     "nouveau settings changed")
         rebuild = True
     if any(g.get("driver") == "nouveau" for g in gpus):
@@ -189,15 +196,15 @@ def _module_files(plan, s, host, gpus):
     vfio_files = managed.get("vfio_modules") or []
     if kind == "vm-passthrough":
         plan.calls["vfio_modules"] = {
-            "name": VFIO_FILES, "load": s["vfio_modules"], "initramfs": s["vfio_modules"],
+            "name": names["vfio"], "load": s["vfio_modules"], "initramfs": s["vfio_modules"],
             "softdeps": {driver: ["vfio-pci"] for driver in s["vfio_softdeps"]}}
         if len(vfio_files) < 2:
             plan.change("module files", "load %s at boot, in the initramfs, before %s (%s)"
-                        % (", ".join(s["vfio_modules"]), ", ".join(s["vfio_softdeps"]), VFIO_FILES),
+                        % (", ".join(s["vfio_modules"]), ", ".join(s["vfio_softdeps"]), names["vfio"]),
                         "vfio boot settings changed")
             rebuild = True
     else:
-        plan.calls["vfio_modules"] = {"name": VFIO_FILES, "state": "absent"}
+        plan.calls["vfio_modules"] = {"name": names["vfio"], "state": "absent"}
         rules = managed.get("vfio_rules") or []
         if vfio_files or rules:
             plan.change("module files", "remove the vfio boot settings of an earlier workload type (%s)"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _cmdline
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _cmdline, _modprobe
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 
 KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"
@@ -31,11 +31,6 @@ MODULES_DIR = "/lib/modules"
 BOOT_DIR = "/boot"
 # The initramfs of a kernel, by generator: initramfs-tools (Debian, Ubuntu), then dracut (RHEL family).
 INITRAMFS_NAMES = ("initrd.img-%s", "initramfs-%s.img")
-# The directories whose files this collection's kernel_modules writes and an initramfs carries, and the prefix of
-# the collection's files in them (the set names host_prepare uses: gpuops-nouveau, gpuops-vfio).
-INITRAMFS_SOURCE_DIRS = ("/etc/modprobe.d", "/etc/modules-load.d", "/usr/share/initramfs-tools/modules.d",
-                         "/etc/dracut.conf.d")
-OWN_PREFIX = "gpuops-"
 # The generated grub configuration (Debian, RHEL) and the grubenv RHEL 8's BLS entries take $kernelopts from.
 GRUB_CFG_FILES = ("/boot/grub/grub.cfg", "/boot/grub2/grub.cfg")
 # What generates grub.cfg: without one of these a grub.cfg is what an earlier boot loader left (a host moved to
@@ -83,15 +78,7 @@ def kernel_present(root, version):
 
 def initramfs_sources(root="/", extra=()):
     """``[(path, mtime_ns)]`` of this collection's files an initramfs carries (and of ``extra`` paths present)."""
-    found = {}
-    for directory in INITRAMFS_SOURCE_DIRS:
-        try:
-            names = os.listdir(host_path(root, directory))
-        except (IOError, OSError):
-            continue
-        for name in names:
-            if name.startswith(OWN_PREFIX):
-                found["%s/%s" % (directory, name)] = None
+    found = dict.fromkeys(_modprobe.own_files(root))
     for path in extra:
         found[path] = None
     result = []
@@ -310,7 +297,7 @@ def installed_kernels(root="/", running=None, extra_sources=()):
     """Every installed kernel: ``[{"version", "running", "initramfs", "initramfs_stale", "entries", "problems"}]``.
 
     ``initramfs`` is the path of its image or None; ``initramfs_stale`` is true when it has none or it is older than
-    one of this collection's files an initramfs carries (see INITRAMFS_SOURCE_DIRS; ``extra_sources`` adds paths);
+    one of this collection's files an initramfs carries (see _modprobe.own_files; ``extra_sources`` adds paths);
     ``entries`` are its boot entries (``file``, ``title``, ``missing``: the recorded arguments the entry lacks);
     ``problems`` says each of these in a sentence. ``running`` defaults to the running kernel's release. Never
     raises; a kernel removed while it is read is left out.

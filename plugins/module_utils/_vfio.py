@@ -44,6 +44,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     sriov_info,
     vgpu_info,
 )
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _modprobe
 from ansible_collections.gpuops.sandbox.plugins.module_utils._holders import find_holders, vfio_group_node, vfio_nodes
 from ansible_collections.gpuops.sandbox.plugins.module_utils._cmdline import normalize_key, parse_cmdline
 from ansible_collections.gpuops.sandbox.plugins.module_utils._persist import read_text
@@ -365,11 +366,8 @@ def holders_problem(state, root="/"):
 # Claims made outside this module (hand-made setups)
 # ---------------------------------------------------------------------------------------------
 
-MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/local/lib/modprobe.d", "/usr/lib/modprobe.d",
-                 "/lib/modprobe.d")
 DRIVERCTL_DIR = "/etc/driverctl.d"
 _ANY_ID = 0xFFFFFFFF
-_OPTIONS_IDS_RE = re.compile(r"\A\s*options\s+vfio[-_]pci\s+(.*)\Z")
 
 
 def _id_matches(entry, state):
@@ -394,71 +392,17 @@ def _id_matches(entry, state):
     return have[4] is None or (have[4] & fields[5]) == (fields[4] & fields[5])
 
 
-def modprobe_files(root):
-    """``[(path, text)]`` of the modprobe.d files modprobe reads, in its order (see :func:`_modprobe_files`)."""
-    return _modprobe_files(root)
-
-
-def modprobe_logical_lines(text):
-    """The lines of a modprobe.d file as modprobe reads them: continuations joined, newlines dropped."""
-    return [_logical(line) for line in _conf_lines(text)]
-
-
-def _modprobe_files(root):
-    """``[(path, text)]`` of the modprobe.d files modprobe reads, in its order; an earlier directory's file hides a
-    later one of the same name."""
-    files = []
-    seen = set()
-    for directory in MODPROBE_DIRS:
-        try:
-            names = sorted(os.listdir(host_path(root, directory)))
-        except (IOError, OSError):
-            continue
-        for name in names:
-            if not name.endswith(".conf") or name in seen:
-                continue
-            seen.add(name)
-            path = directory + "/" + name
-            files.append((path, read_text(root, path) or ""))
-    return files
-
-
-def _conf_lines(text):
-    """``text`` cut into the lines modprobe reads, each with its ``\\`` continuations and its newline, as written."""
-    lines, current = [], []
-    for line in text.splitlines(True):
-        current.append(line)
-        if not line.rstrip("\r\n").endswith("\\"):
-            lines.append("".join(current))
-            current = []
-    if current:
-        lines.append("".join(current))
-    return lines
-
-
-def _logical(line):
-    """One line of :func:`_conf_lines` as modprobe reads it: continuations joined, newline dropped."""
-    return line.rstrip("\r\n").replace("\\\r\n", " ").replace("\\\n", " ")
-
-
 def _options_ids(line):
     """The ``ids=`` entries of an ``options vfio-pci`` line (a logical line), or None for any other line."""
-    match = _OPTIONS_IDS_RE.fullmatch(line.split("#", 1)[0])
-    if not match:
-        return None
-    found = []
-    for option in match.group(1).split():
-        if option.startswith("ids="):
-            found.extend(item for item in option[4:].split(",") if item)
-    return found
+    return _modprobe.option_values(line, VFIO_PCI_DRIVER, "ids")
 
 
 def _modprobe_ids(root):
     """``[(file, ids entry)]`` from ``options vfio-pci ids=`` lines of the modprobe.d directories."""
     found = []
-    for path, text in _modprobe_files(root):
-        for line in _conf_lines(text):
-            found.extend((path, item) for item in _options_ids(_logical(line)) or [])
+    for path, text in _modprobe.modprobe_files(root):
+        for line in _modprobe.modprobe_logical_lines(text):
+            found.extend((path, item) for item in _options_ids(line) or [])
     return found
 
 
@@ -530,27 +474,7 @@ def strip_modprobe_ids(text, states):
     ``states``; the other entries and options of the line stay, and the line goes only when nothing is left on it
     (its comment with it). A line that changes is written as one line with single spaces; the others as they were.
     """
-    out = []
-    for line in _conf_lines(text):
-        logical = _logical(line)
-        ids = _options_ids(logical)
-        if not ids or all(_claimed_by_none(entry, states) for entry in ids):
-            out.append(line)
-            continue
-        body, hash_mark, comment = logical.partition("#")
-        words = body.split()
-        kept = []
-        for option in words[2:]:
-            if option.startswith("ids="):
-                left = [e for e in option[4:].split(",") if e and _claimed_by_none(e, states)]
-                if left:
-                    kept.append("ids=" + ",".join(left))
-                continue
-            kept.append(option)
-        if kept:
-            ending = line[len(line.rstrip("\r\n")):]
-            out.append(" ".join(words[:2] + kept) + (" #" + comment if hash_mark else "") + ending)
-    return "".join(out)
+    return _modprobe.keep_option_values(text, VFIO_PCI_DRIVER, "ids", lambda entry: _claimed_by_none(entry, states))
 
 
 def claim_changes(states, root="/"):
@@ -563,7 +487,7 @@ def claim_changes(states, root="/"):
     entries of other devices only, or None when none is left (take it off).
     """
     files = []
-    for path, text in _modprobe_files(root):
+    for path, text in _modprobe.modprobe_files(root):
         new = strip_modprobe_ids(text, states)
         if new != text:
             files.append((path, text, new if new.strip() else None))
@@ -582,10 +506,6 @@ def claim_changes(states, root="/"):
         if argument not in cmdline:
             cmdline.append(argument)
     return files, cmdline
-
-
-def is_modprobe_path(path):
-    return any(path.startswith(directory + "/") for directory in MODPROBE_DIRS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,24 @@ description:
   - Reads only; never changes anything.
 author:
   - gpuops.sandbox contributors (@gpuops)
+options:
+  module_files:
+    description:
+      - The names of the sets of module files the host preparation writes with M(gpuops.sandbox.kernel_modules)
+        (the stems of C(/etc/modprobe.d/<name>.conf) and C(/etc/modules-load.d/<name>.conf)); C(gpu_facts_host)
+        finds them by these names (C(managed_files), and the files the C(kernels) compare initramfs images with).
+      - The roles pass the names they give kernel_modules (C(gpuops_module_files)). A name is letters, digits, C(.),
+        C(_) and C(-), starting with a letter or digit, at most 64 characters; the two names differ.
+    type: dict
+    suboptions:
+      nouveau:
+        description: The set that keeps nouveau off the GPUs.
+        type: str
+        default: gpuops-nouveau
+      vfio:
+        description: The set that loads the vfio modules early on a vm-passthrough node.
+        type: str
+        default: gpuops-vfio
 notes:
   - O(addresses), O(include_all) and the O(vendors)/O(classes) selectors are mutually exclusive.
   - The sandbox resource name is what the NVIDIA KubeVirt GPU device plugin would derive from this
@@ -69,6 +87,12 @@ EXAMPLES = r"""
 - name: Gather facts about every PCI function
   gpuops.sandbox.gpu_facts:
     include_all: true
+
+- name: Gather facts about the NVIDIA GPUs of a host whose module files have names of their own
+  gpuops.sandbox.gpu_facts:
+    module_files:
+      nouveau: acme-nouveau
+      vfio: acme-vfio
 """
 
 RETURN = r"""
@@ -341,6 +365,7 @@ ansible_facts:
             - This collection's boot files present on the host, by what they do - C(kernel_cmdline), C(nouveau),
               C(vfio_modules), C(vfio_rules), C(mdev_definitions), C(sriov_definitions); C(pending) lists the
               records of an initramfs or grub.cfg generation that a run cut short did not finish.
+            - C(nouveau) and C(vfio_modules) are the files of the sets O(module_files) names.
           type: dict
           sample: {"nouveau": ["/etc/modprobe.d/gpuops-nouveau.conf"], "vfio_rules": []}
         sriov:
@@ -389,8 +414,9 @@ ansible_facts:
             - C(version); C(running) (the running kernel); C(initramfs), the path of its image
               (C(/boot/initrd.img-<version>) or C(/boot/initramfs-<version>.img)) or null; C(initramfs_stale), true
               when it has none or the image is older than one of this collection's files an initramfs carries
-              (C(gpuops-*) in C(/etc/modprobe.d), C(/etc/modules-load.d), C(/usr/share/initramfs-tools/modules.d),
-              C(/etc/dracut.conf.d)), by modification time (images are not unpacked); C(entries), its boot entries
+              (C(gpuops-*) and the files of the sets O(module_files) names in C(/etc/modprobe.d),
+              C(/etc/modules-load.d), C(/usr/share/initramfs-tools/modules.d), C(/etc/dracut.conf.d)), by
+              modification time (images are not unpacked); C(entries), its boot entries
               (the C(10_linux) entries of C(/boot/grub/grub.cfg) or C(/boot/grub2/grub.cfg) whose C(linux) line
               boots its C(vmlinuz), recovery entries left out, and the BLS entries of C(/boot/loader/entries)), each
               with C(file), C(title) and C(missing), the arguments kernel_cmdline recorded as its own
@@ -415,6 +441,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _modprobe
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import GpuopsError, create_module, run_module
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTION_ARGUMENT_SPEC,
@@ -436,7 +463,10 @@ def build_module():
     """Create the AnsibleModule; the argument spec does the validation it can."""
     return create_module(
         AnsibleModule,
-        argument_spec=dict(SELECTION_ARGUMENT_SPEC),
+        argument_spec=dict(SELECTION_ARGUMENT_SPEC, module_files=dict(
+            type="dict", apply_defaults=True,
+            options=dict(nouveau=dict(type="str", default=_modprobe.DEFAULT_SETS["nouveau"]),
+                         vfio=dict(type="str", default=_modprobe.DEFAULT_SETS["vfio"])))),
         mutually_exclusive=SELECTION_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
@@ -453,7 +483,7 @@ def gather(params, root="/"):
         "gpu_facts_iommu": iommu_state(root),
         "gpu_facts_mdev_parents": parents,
         "gpu_facts_pci_ids": db["path"],
-        "gpu_facts_host": host_summary(root),
+        "gpu_facts_host": host_summary(root, params.get("module_files")),
     }
 
 
@@ -469,6 +499,9 @@ def with_overrides(info, root="/"):
 
 def facts(module, root="/"):
     """The module's body: return the result with the facts, or raise GpuopsError naming the problem."""
+    problem = _modprobe.sets_problem(module.params["module_files"])
+    if problem:
+        raise GpuopsError("module_files: %s" % problem)
     try:
         gathered = gather(module.params, root=root)
     except (OSError, ValueError) as exc:

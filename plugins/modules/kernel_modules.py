@@ -243,12 +243,11 @@ esp_copies:
   sample: [6.1.0-50-amd64]
 """
 
-import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _kernels, _persist
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _kernels, _modprobe, _persist
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import host_path
 from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     GpuopsError,
@@ -262,31 +261,21 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
 ROOT = "/"
 
 # Used with fullmatch (and anchored with \A and \Z): ^ and $ with .match would let a trailing newline through.
-NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 MODULE_RE = re.compile(r"\A[A-Za-z0-9_-]+\Z")
 # Option strings end up on a modprobe.d line: no comment sign, not starting with a space; further checks in
 # check_option (printable characters only, no trailing backslash).
 OPTION_RE = re.compile(r"\A[^\s#][^#]*\Z")
-# The stem of a file name (255 bytes at most); a sane length for a set name.
-MAX_NAME_LENGTH = 64
 # The kernel's MODULE_NAME_LEN is 64 - sizeof(unsigned long), with the terminating NUL.
 MAX_MODULE_LENGTH = 55
 MAX_TIMEOUT = 86400
 
-# The directories of the files an initramfs carries; _kernels compares the images with the files in them.
-MODPROBE_DIR = _kernels.INITRAMFS_SOURCE_DIRS[0]
-LOAD_DIR = _kernels.INITRAMFS_SOURCE_DIRS[1]
-INITRAMFS_TOOLS_DIR = _kernels.INITRAMFS_SOURCE_DIRS[2]
-DRACUT_DIR = _kernels.INITRAMFS_SOURCE_DIRS[3]
-TOOLS = {"initramfs-tools": "update-initramfs", "dracut": "dracut"}
+# The set's files, their directories, the initramfs generators and their commands are _modprobe's, the one owner of
+# modprobe.d and the initramfs; so are the errors they raise.
+MODPROBE_DIR = _modprobe.MODPROBE_DIR
+LOAD_DIR = _modprobe.LOAD_DIR
+ModulesError = _modprobe.ModprobeError
 # The pending record (see _persist.mark_pending) of an initramfs rebuild that has not finished.
 PENDING = _persist.PENDING_INITRAMFS
-
-
-class ModulesError(GpuopsError):
-    def __init__(self, msg):
-        super(ModulesError, self).__init__(msg)
-        self.msg = msg
 
 
 def _shown(value, limit=60):
@@ -317,13 +306,9 @@ def check_option(module, value):
 
 def validate(params):
     """Raise ModulesError naming the first bad value; return nothing. Runs before anything is read or written."""
-    name = params["name"]
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ModulesError("name %s is not valid: use letters, digits, '.', '_' and '-', starting with a letter "
-                           "or digit" % _shown(name))
-    if len(name) > MAX_NAME_LENGTH:
-        raise ModulesError("name %s is not valid: it has %d characters, at most %d are allowed (it is the stem of "
-                           "the file names)" % (_shown(name), len(name), MAX_NAME_LENGTH))
+    problem = _modprobe.set_name_problem(params["name"])
+    if problem:
+        raise ModulesError("name %s" % problem)
     _check_modules("blacklist", params["blacklist"])
     _check_modules("load", params["load"])
     _check_modules("initramfs", params["initramfs"])
@@ -362,62 +347,21 @@ def render_dracut(params):
     return _header(params["name"]) + 'force_drivers+=" %s "\n' % " ".join(params["initramfs"])
 
 
-def detect_tool(module, wanted, root):
-    if wanted != "auto":
-        return wanted
-    if root == "/":
-        if module.get_bin_path("update-initramfs"):
-            return "initramfs-tools"
-        if module.get_bin_path("dracut"):
-            return "dracut"
-        return "none"
-    for tool, binary in (("initramfs-tools", "update-initramfs"), ("dracut", "dracut")):
-        for sbin in ("/usr/sbin", "/sbin", "/usr/bin"):
-            if os.path.exists(host_path(root, os.path.join(sbin, binary))):
-                return tool
-    return "none"
-
-
 def wanted_files(params, tool):
     """Return ``{path: text_or_None}`` for every file of the set (None: the file must not exist)."""
-    name = params["name"]
+    paths = _modprobe.set_files(params["name"])
     present = params["state"] == "present"
     files = {
-        "%s/%s.conf" % (MODPROBE_DIR, name): render_modprobe(params) if present else None,
-        "%s/%s.conf" % (LOAD_DIR, name): render_list(params, "load") if present else None,
-        "%s/%s" % (INITRAMFS_TOOLS_DIR, name): None,
-        "%s/%s.conf" % (DRACUT_DIR, name): None,
+        paths["modprobe"]: render_modprobe(params) if present else None,
+        paths["load"]: render_list(params, "load") if present else None,
+        paths["initramfs_tools"]: None,
+        paths["dracut"]: None,
     }
     if present and tool in ("initramfs-tools", "none"):
-        files["%s/%s" % (INITRAMFS_TOOLS_DIR, name)] = render_list(params, "initramfs")
+        files[paths["initramfs_tools"]] = render_list(params, "initramfs")
     if present and tool == "dracut":
-        files["%s/%s.conf" % (DRACUT_DIR, name)] = render_dracut(params)
+        files[paths["dracut"]] = render_dracut(params)
     return files
-
-
-def loaded_modules(root, names):
-    return [m for m in names if os.path.isdir(host_path(root, "/sys/module/%s" % m.replace("-", "_")))]
-
-
-def rebuild_command(module, tool):
-    if tool == "initramfs-tools":
-        binary = module.get_bin_path("update-initramfs", required=False)
-        args = ["-u", "-k", "all"]
-    else:
-        binary = module.get_bin_path("dracut", required=False)
-        args = ["-f", "--regenerate-all"]
-    if not binary:
-        raise ModulesError("the initramfs generator %s is not installed; install it or set initramfs_tool"
-                           % TOOLS[tool])
-    return [binary] + args
-
-
-def kernel_command(module, tool, kernel):
-    """The command that rebuilds (or creates) the initramfs of one kernel."""
-    base = rebuild_command(module, tool)[0]
-    if tool == "initramfs-tools":
-        return [base, "-c" if kernel["initramfs"] is None else "-u", "-k", kernel["version"]]
-    return [base, "-f", "--kver", kernel["version"]]
 
 
 def plan_kernels(module, root, tool, wanted, set_rebuild):
@@ -437,7 +381,7 @@ def plan_kernels(module, root, tool, wanted, set_rebuild):
         reason = [p for p in kernel["problems"] if " lacks " not in p]
         plan.append({"kernel": kernel["version"], "running": kernel["running"],
                      "reason": "; ".join(reason) or "initramfs older than this set's files",
-                     "command": kernel_command(module, tool, kernel)})
+                     "command": _modprobe.kernel_command(module, tool, kernel)})
     return plan
 
 
@@ -480,7 +424,7 @@ def run(module, root):
     """The body of :func:`main` for ``run_module``: returns the result dict or raises, never exits."""
     params = module.params
     validate(params)
-    tool = detect_tool(module, params["initramfs_tool"], root)
+    tool = _modprobe.detect_tool(module, params["initramfs_tool"], root)
     wanted = wanted_files(params, tool)
     changes = _persist.changed_files(root, wanted)
     earlier = _persist.read_pending(root, PENDING)
@@ -495,7 +439,7 @@ def run(module, root):
     kernels = []
     if params["rebuild_kernels"] and tool != "none" and params["rebuild"] != "never":
         kernels = plan_kernels(module, root, tool, wanted, rebuild)
-    loaded = loaded_modules(root, params["blacklist"]) if params["state"] == "present" else []
+    loaded = _modprobe.loaded_modules(root, params["blacklist"]) if params["state"] == "present" else []
     result = {
         "changed": bool(changes) or rebuild or bool(kernels),
         "files": [{"path": path, "state": "absent" if wanted[path] is None else "present",
@@ -533,7 +477,7 @@ def run(module, root):
         return result
 
     # Find the generator before writing anything, so a missing one changes nothing.
-    cmd = rebuild_command(module, tool) if rebuild else None
+    cmd = _modprobe.rebuild_command(module, tool) if rebuild else None
     saved = _persist.snapshot(root, list(changes) + [_persist.pending_path(PENDING)])
     created = []
     try:

@@ -413,7 +413,7 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils._module import (
     run_module,
     run_timed,
 )
-from ansible_collections.gpuops.sandbox.plugins.module_utils import _persist, _vfio
+from ansible_collections.gpuops.sandbox.plugins.module_utils import _modprobe, _persist, _vfio
 from ansible_collections.gpuops.sandbox.plugins.module_utils._pci import (
     SELECTOR_ARGUMENT_SPEC,
     SELECTOR_MUTUALLY_EXCLUSIVE,
@@ -623,7 +623,7 @@ def run(module, root="/", release=None):
         "loaded_modules": [],
         "reboot_required": False,
         "cmdline_claims": plan.get("cmdline_claims", []),
-        "initramfs_rebuild_required": any(_vfio.is_modprobe_path(path) for path, _old, _new in changes),
+        "initramfs_rebuild_required": any(_modprobe.is_modprobe_path(path) for path, _old, _new in changes),
     }
     if module._diff:
         result["diff"] = [{"before_header": "drivers", "after_header": "drivers",

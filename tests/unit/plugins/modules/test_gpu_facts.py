@@ -205,7 +205,7 @@ def test_main_runs(monkeypatch, host):
 
 
 @pytest.mark.parametrize("args, fragments", [
-    ({"bogus": 1}, ["Unsupported parameters", "bogus", "addresses, classes, include_all, vendors"]),
+    ({"bogus": 1}, ["Unsupported parameters", "bogus", "addresses, classes, include_all, module_files, vendors"]),
     ({"addresses": [st.A10], "vendors": ["10de"]}, ["parameters are mutually exclusive: addresses|vendors"]),
     ({"include_all": True, "classes": ["03"]}, ["parameters are mutually exclusive: include_all|classes"]),
     ({"include_all": "perhaps"}, ["include_all", "perhaps", "bool"]),
