@@ -32,9 +32,10 @@ REQUIRE_V1_OR_GREATER = False
 CFG
 export GALAXY_IMPORTER_CONFIG="$work/galaxy-importer.cfg"
 export PATH="$venv/bin:$PATH" ANSIBLE_CONFIG="$top/ansible.cfg"
-# The importer writes its result (the collection's metadata and docs) as JSON next to the log.
+# The importer writes its result (the collection's metadata and docs, importer_result.json) into the directory it
+# runs in: the work directory, beside the log, not the checkout.
 set +e
-"$venv/bin/python" -m galaxy_importer.main "$tarball" > "$work/import.log" 2>&1
+(cd "$work" && "$venv/bin/python" -m galaxy_importer.main "$tarball") > "$work/import.log" 2>&1
 rc=$?
 set -e
 cat "$work/import.log"

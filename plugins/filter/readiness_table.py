@@ -14,69 +14,6 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.gpuops.sandbox.plugins.filter.host_checks import GPUS_CHECK
 
-DOCUMENTATION = r"""
----
-name: readiness_table
-short_description: The readiness of the GPU nodes as a plain-text table that fits a terminal
-version_added: 1.0.0
-description:
-  - Takes the C(host_verify_report) facts of the GPU nodes (see the role R(gpuops.sandbox.host_verify,
-    ansible_collections.gpuops.sandbox.host_verify_role)) and the names of all GPU nodes, and returns one
-    string (or with O(lines) the list of its lines), with a header line and one row per node (HOST, TYPE, READY,
-    VFIO, MDEVS, DETAIL). VFIO is the verdict of M(gpuops.sandbox.vfio_probe) on the devices the node hands to VMs
-    (C(yes), C(busy) when a VM uses some, C(NO), or C(-) when nothing was probed); the IOMMU group count is in the
-    document. The detail (the
-    failed checks, or the GPUs and their drivers (C(65:00.0=nvidia), C(00:03.0=(no driver)) for a function bound to
-    none), then which NVIDIA driver serves the node, C(host) for one installed
-    on the host, and a container node's MIG config and device plugin config) wraps inside its own column, so no line
-    is wider than O(width).
-    A node without a GPU that its inventory allows (C(gpuops_gpus_optional)) reads C(no GPU found, allowed by the
-    inventory); without that, its check C(GPUs matching the selectors) fails.
-  - A node without a report (unreachable, or failed before the check) gets a row saying so.
-  - A node whose host another tool prepares (C(gpuops_host_managed=false); its report has C(managed=false)) reads
-    C(-) under READY and C(host managed elsewhere) with the GPUs and sharing the inventory gives;
-    the last line counts it apart from the nodes checked here.
-  - P(gpuops.sandbox.readiness_document#filter) returns the same data as a dict for a JSON file.
-author:
-  - gpuops.sandbox contributors (@gpuops)
-options:
-  _input:
-    description: The C(host_verify_report) facts.
-    type: list
-    elements: dict
-    required: true
-  hosts:
-    description: Every GPU node's inventory name.
-    type: list
-    elements: str
-    required: true
-  width:
-    description:
-      - The widest a line may be (at least 67). Within an 80-column terminal, 72 fits the string under the yaml result
-        format (a block indented by 8 columns), and 69 the lines under the json one (8 columns, the quotes and a comma).
-    type: int
-    default: 100
-  lines:
-    description:
-      - Return the list of the lines instead of one string. M(ansible.builtin.debug) prints a list one line an item
-        under every result format, where the json one (Ansible's default, and AWX's) prints a string's newlines as
-        C(\n) on a single line.
-    type: bool
-    default: false
-"""
-
-EXAMPLES = r"""
-- name: Show the readiness table
-  ansible.builtin.debug:
-    msg: "{{ reports | gpuops.sandbox.readiness_table(groups['gpu_nodes'], lines=true) }}"
-"""
-
-RETURN = r"""
-_value:
-  description: The table, lines separated by newlines; with O(lines), the list of its lines.
-  type: raw
-"""
-
 # Column names and the widest each may get (a longer host name is cut, and marked with ~).
 COLUMNS = (("HOST", 32), ("TYPE", 14), ("READY", 6), ("VFIO", 4), ("MDEVS", 5))
 # The narrowest table: a 12-column host, the other columns at their widest, a 16-column detail, 2 spaces between.

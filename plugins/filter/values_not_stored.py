@@ -48,15 +48,13 @@ _value:
   elements: str
 """
 
-from ansible.errors import AnsibleFilterError
-
 from ansible_collections.gpuops.sandbox.plugins.module_utils._chart_upgrade import values_not_stored as _compare
+from ansible_collections.gpuops.sandbox.plugins.plugin_utils._filter_input import require_lists_of_mappings
 
 
 def values_not_stored(rendered, stored):
-    for name, value in (("the rendered objects", rendered), ("stored", stored)):
-        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-            raise AnsibleFilterError("values_not_stored: %s must be a list of objects (mappings)" % name)
+    require_lists_of_mappings("values_not_stored", "objects (mappings)", ("the rendered objects", rendered),
+                              ("stored", stored))
     return _compare(rendered, stored)
 
 

@@ -31,6 +31,7 @@ import time
 import pytest
 import yaml
 
+from chart_cluster import POLICY_CRD, crd_names, put_back_crd, take_cluster_policy
 from conftest import (TOP, UPSTREAM, UPSTREAM_CHARTS, VENV_PYTHON, VGPU_CONFIG, chart_path_vars, delete_crds, flat,
                       gpu_host_vars, helm, helm_home_env, kfind, kget, kubectl, recaps, restore_cluster_policy, run,
                       timed_playbook, write_inventory)
@@ -46,7 +47,6 @@ NAMESPACE = "gpu-operator"
 RELEASES = (("gpu-operator", NAMESPACE), ("dra-driver-nvidia-gpu", "dra-driver-nvidia-gpu"))
 DEPLOY = "nvidia.com/gpu.deploy."
 WL, VG = "nvidia.com/gpu.workload.config", "nvidia.com/vgpu.config"
-POLICY_CRD = "clusterpolicies.nvidia.com"
 
 VGPU_CONFIGMAP = "gpuops-vgpu-devices-config"
 PULL_SECRET = ("vgpu-manager-registry", "registry.example", "robot", "not-a-real-password-75")
@@ -287,10 +287,7 @@ def lab(kube_api, tmp_path_factory):
     # be taken over by the real charts: start without them, put the ClusterPolicy back at the end.
     for release, namespace in RELEASES:
         helm(api, helm_env, "uninstall", release, "-n", namespace, "--no-hooks", check=False)
-    policy = kfind(api, "clusterpolicy", "cluster-policy")
-    if policy:
-        kubectl(api, "delete", "clusterpolicy", "cluster-policy", "--wait=true")
-    crds = set(kubectl(api, "get", "crds", "-o", "name").stdout.split())
+    policy, crds = take_cluster_policy(api)
     # The session's fixtures give the project's stand-in ClusterPolicy CRD, which helm keeps (it never
     # replaces a CRD): the operator gets the chart's, with its schema and defaults, for this module.
     stand_in_crd = kfind(api, "crd", POLICY_CRD)
@@ -319,9 +316,7 @@ def lab(kube_api, tmp_path_factory):
         for kind, name, namespace_ in absent:
             kubectl(api, "delete", kind, name, "-n", namespace_, "--ignore-not-found", check=False)
         if stand_in_crd:
-            kept = {k: stand_in_crd[k] for k in ("apiVersion", "kind", "spec")}
-            kept["metadata"] = {k: v for k, v in stand_in_crd["metadata"].items() if k in ("name", "labels", "annotations")}
-            kubectl(api, "replace", "-f", "-", stdin=json.dumps(kept), check=False)
+            put_back_crd(api, stand_in_crd)
         for name, node in nodes.items():
             now = kget(api, "node", name)
             meta = {}
@@ -341,7 +336,7 @@ def lab(kube_api, tmp_path_factory):
         if policy:
             restore_cluster_policy(api, policy)
         # Last, so that a CRD the server is slow to let go of leaves everything else restored.
-        delete_crds(api, sorted(set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) - crds))
+        delete_crds(api, sorted(crd_names(api) - crds))
         for what, seconds in lab_["timings"].items():
             report(what, seconds)
 

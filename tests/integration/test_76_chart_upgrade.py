@@ -33,8 +33,9 @@ import time
 import pytest
 import yaml
 
-from conftest import (UPSTREAM, VENV_PYTHON, delete_crds, flat, gpu_host_vars, helm, helm_home_env, kfind, kget, kubectl,
-                      recaps, restore_cluster_policy, timed_playbook, value_paths, write_inventory)
+from chart_cluster import POLICY_CRD, TakenCluster, crd_names, said
+from conftest import (UPSTREAM, VENV_PYTHON, gpu_host_vars, helm, helm_home_env, kfind, kget, kubectl, recaps,
+                      timed_playbook, value_paths, write_inventory)
 
 OLD_CHART = os.path.join(UPSTREAM, "gpu-operator-v25.10.1", "chart")
 OLD_DRA = os.path.join(UPSTREAM, "dra-driver-nvidia-gpu-v0.4.1", "chart")
@@ -44,7 +45,6 @@ DRA_CRDS = ("computedomains.resource.nvidia.com", "computedomaincliques.resource
 NEW_CHART = os.path.join(UPSTREAM, "gpu-operator", "chart")
 NAMESPACE, RELEASE = "gpuops-upgrade-76", "gpu-operator-76"
 NEW_VERSION = "v26.8.0-dev"
-POLICY_CRD = "clusterpolicies.nvidia.com"
 NODES = {"lab-container": "container"}
 LABELLED = ("lab-container", "lab-dra")
 HOOK_OBJECTS = (("job", "gpu-operator-upgrade-crd", NAMESPACE), ("serviceaccount", "gpu-operator-upgrade-crd-hook-sa", NAMESPACE),
@@ -101,11 +101,6 @@ def playbook(lab, chart, name, what, extra=None):
     return proc
 
 
-def said(proc):
-    """The play's output as one line, YAML's doubled quotes undone (messages wrap and quote differently)."""
-    return flat(proc.stdout).replace("''", "'")
-
-
 @pytest.fixture(scope="module")
 def lab(kube_api, tmp_path_factory):
     api = kube_api
@@ -122,15 +117,8 @@ def lab(kube_api, tmp_path_factory):
         yaml.safe_dump(meta, handle)
 
     helm(api, helm_env, "uninstall", RELEASE, "-n", NAMESPACE, "--no-hooks", check=False)
-    # test_70 leaves a ClusterPolicy named like the chart's, which Helm would refuse to take over.
-    policy = kfind(api, "clusterpolicy", "cluster-policy")
-    if policy:
-        kubectl(api, "delete", "clusterpolicy", "cluster-policy", "--wait=true")
-    crds = set(kubectl(api, "get", "crds", "-o", "name").stdout.split())
-    found_crd = kfind(api, "crd", POLICY_CRD)
     # A cluster that ran v25.10.1: its ClusterPolicy CRD (Helm keeps a CRD that is there, the session's stand-in).
-    kubectl(api, "replace" if found_crd else "create", "-f", os.path.join(OLD_CHART, "crds", "nvidia.com_clusterpolicies.yaml"))
-    nodes = {n: kget(api, "node", n) for n in LABELLED}
+    taken = TakenCluster(api, LABELLED).take(os.path.join(OLD_CHART, "crds", "nvidia.com_clusterpolicies.yaml"))
     started = time.monotonic()
     try:
         yield {"api": api, "helm_env": helm_env, "tmp": root, "stamped": stamped}
@@ -140,26 +128,13 @@ def lab(kube_api, tmp_path_factory):
         for kind, name, namespace in HOOK_OBJECTS:
             kubectl(api, "delete", kind, name, *(["-n", namespace] if namespace else []), "--ignore-not-found",
                     "--wait=false", check=False)
-        kubectl(api, "delete", "clusterpolicy", "cluster-policy", "--ignore-not-found", check=False)
-        if found_crd:
-            kept = {k: found_crd[k] for k in ("apiVersion", "kind", "spec")}
-            kept["metadata"] = {k: v for k, v in found_crd["metadata"].items() if k in ("name", "labels", "annotations")}
-            kubectl(api, "replace", "-f", "-", stdin=json.dumps(kept), check=False)
-        if policy:
-            restore_cluster_policy(api, policy)
-        for name, node in nodes.items():
-            labels = dict((k, None) for k in kget(api, "node", name)["metadata"].get("labels") or {})
-            labels.update(node["metadata"].get("labels") or {})
-            kubectl(api, "patch", "node", name, "--type=merge", "-p", json.dumps({"metadata": {"labels": labels}}),
-                    check=False)
-        delete_crds(api, sorted(set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) - crds))
+        taken.put_back()
         report("module, cleanup included", time.monotonic() - started)
         # What the module found is back.
-        assert set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) == crds
+        assert crd_names(api) == taken.crds
         now = kfind(api, "crd", POLICY_CRD)
-        assert (now and now["spec"]["versions"]) == (found_crd and found_crd["spec"]["versions"])
-        assert {n: kget(api, "node", n)["metadata"].get("labels") for n in LABELLED} == \
-            {n: o["metadata"].get("labels") for n, o in nodes.items()}
+        assert (now and now["spec"]["versions"]) == (taken.found_crd and taken.found_crd["spec"]["versions"])
+        assert taken.node_labels() == {n: o["metadata"].get("labels") for n, o in taken.nodes.items()}
 
 
 def test_upgrade_applies_the_new_crds_first_and_keeps_every_value(lab):

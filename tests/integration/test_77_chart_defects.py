@@ -26,15 +26,15 @@ import time
 import pytest
 import yaml
 
-from conftest import (UPSTREAM, VENV_PYTHON, delete_crds, flat, gpu_host_vars, helm, helm_home_env, kfind, kget,
-                      kubectl, restore_cluster_policy, timed_playbook, write_inventory)
+from chart_cluster import POLICY_CRD, TakenCluster, crd_names, said
+from conftest import (UPSTREAM, VENV_PYTHON, gpu_host_vars, helm, helm_home_env, kget, kubectl, timed_playbook,
+                      write_inventory)
 
 OLD_CHART = os.path.join(UPSTREAM, "gpu-operator-v25.10.1", "chart")
 NEW_CHART = os.path.join(UPSTREAM, "gpu-operator", "chart")
 NEW_DRA = os.path.join(UPSTREAM, "dra-driver-nvidia-gpu", "chart")
 NAMESPACE, RELEASE = "gpuops-defects-77", "gpu-operator-77"
 DRA_NAMESPACE, DRA_RELEASE = "gpuops-dra-77", "dra-driver-77"
-POLICY_CRD = "clusterpolicies.nvidia.com"
 CD_CRD = "computedomains.resource.nvidia.com"
 LABELLED = ("lab-container", "lab-dra")
 
@@ -73,10 +73,6 @@ def playbook(lab, name, what, extra=None, operator=True):
     return proc
 
 
-def said(proc):
-    return flat(proc.stdout).replace("''", "'")
-
-
 def state(lab):
     """What a refused run must leave as it was: Helm's records, the CRDs and their versions, the node labels."""
     api = lab["api"]
@@ -98,14 +94,8 @@ def lab(kube_api, tmp_path_factory):
     helm_env = helm_home_env(root / "helm")
     for release, namespace in ((RELEASE, NAMESPACE), (DRA_RELEASE, DRA_NAMESPACE)):
         helm(api, helm_env, "uninstall", release, "-n", namespace, "--no-hooks", check=False)
-    policy = kfind(api, "clusterpolicy", "cluster-policy")
-    if policy:
-        kubectl(api, "delete", "clusterpolicy", "cluster-policy", "--wait=true")
-    crds = set(kubectl(api, "get", "crds", "-o", "name").stdout.split())
-    found_crd = kfind(api, "crd", POLICY_CRD)
     # A cluster that ran v25.10.1: its ClusterPolicy CRD.
-    kubectl(api, "replace" if found_crd else "create", "-f", os.path.join(OLD_CHART, "crds", "nvidia.com_clusterpolicies.yaml"))
-    nodes = {n: kget(api, "node", n) for n in LABELLED}
+    taken = TakenCluster(api, LABELLED).take(os.path.join(OLD_CHART, "crds", "nvidia.com_clusterpolicies.yaml"))
     started = time.monotonic()
     try:
         yield {"api": api, "helm_env": helm_env, "tmp": root}
@@ -113,21 +103,9 @@ def lab(kube_api, tmp_path_factory):
         kubectl(api, "delete", "computedomains.resource.nvidia.com", "--all", "-A", "--ignore-not-found", check=False)
         for release, namespace in ((RELEASE, NAMESPACE), (DRA_RELEASE, DRA_NAMESPACE)):
             helm(api, helm_env, "uninstall", release, "-n", namespace, "--no-hooks", check=False)
-        kubectl(api, "delete", "clusterpolicy", "cluster-policy", "--ignore-not-found", check=False)
-        if found_crd:
-            kept = {k: found_crd[k] for k in ("apiVersion", "kind", "spec")}
-            kept["metadata"] = {k: v for k, v in found_crd["metadata"].items() if k in ("name", "labels", "annotations")}
-            kubectl(api, "replace", "-f", "-", stdin=json.dumps(kept), check=False)
-        if policy:
-            restore_cluster_policy(api, policy)
-        for name, node in nodes.items():
-            labels = dict((k, None) for k in kget(api, "node", name)["metadata"].get("labels") or {})
-            labels.update(node["metadata"].get("labels") or {})
-            kubectl(api, "patch", "node", name, "--type=merge", "-p", json.dumps({"metadata": {"labels": labels}}),
-                    check=False)
-        delete_crds(api, sorted(set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) - crds))
+        taken.put_back()
         report("module, cleanup included", time.monotonic() - started)
-        assert set(kubectl(api, "get", "crds", "-o", "name").stdout.split()) == crds
+        assert crd_names(api) == taken.crds
 
 
 def test_typos_in_chart_values_are_refused_with_nothing_changed(lab):

@@ -15,7 +15,6 @@ import copy
 import gzip
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -27,13 +26,8 @@ from ansible_collections.gpuops.sandbox.plugins.filter.chart_values_problems imp
 from ansible_collections.gpuops.sandbox.plugins.filter.crd_apply_plan import crd_apply_plan
 from ansible_collections.gpuops.sandbox.plugins.filter.helm_release_crds import helm_release_crds
 from ansible_collections.gpuops.sandbox.tests.unit.templating import load, templar, trusted
+from ansible_collections.gpuops.sandbox.tests.unit.upstream_charts import NEW_CHART, NEW_DRA, OLD_CHART, OLD_DRA, helm_binary
 
-TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
-NEW_CHART = os.path.join(UPSTREAM, "gpu-operator", "chart")
-OLD_CHART = os.path.join(UPSTREAM, "gpu-operator-v25.10.1", "chart")
-NEW_DRA = os.path.join(UPSTREAM, "dra-driver-nvidia-gpu", "chart")
-OLD_DRA = os.path.join(UPSTREAM, "dra-driver-nvidia-gpu-v0.4.1", "chart")
 pytestmark = pytest.mark.skipif(not all(os.path.isdir(c) for c in (NEW_CHART, OLD_CHART, NEW_DRA, OLD_DRA)),
                                 reason="the upstream charts are not beside this checkout (../shared/upstream)")
 CD = "computedomains.resource.nvidia.com"
@@ -51,13 +45,6 @@ def chart_yaml(chart):
 
 def crd(chart, name):
     return yaml.safe_load(read(os.path.join(chart, "crds", "resource.nvidia.com_%s.yaml" % name)))
-
-
-def helm_binary():
-    kube = os.path.join(TOP, ".cache", "kube")
-    found = sorted(p for p in (os.path.join(kube, d, "helm") for d in os.listdir(kube)) if os.access(p, os.X_OK)) \
-        if os.path.isdir(kube) else []
-    return found[-1] if found else shutil.which("helm")
 
 
 def render(chart, values):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -22,13 +21,8 @@ from ansible_collections.gpuops.sandbox.plugins.filter.chart_upgrade_plan import
 from ansible_collections.gpuops.sandbox.plugins.filter.crd_upgrade_problems import crd_upgrade_problems
 from ansible_collections.gpuops.sandbox.plugins.filter.values_not_stored import values_not_stored
 from ansible_collections.gpuops.sandbox.plugins.module_utils import _chart_upgrade
+from ansible_collections.gpuops.sandbox.tests.unit.upstream_charts import NEW_CHART, NEW_DRA, OLD_CHART, OLD_DRA, helm_binary
 
-TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-UPSTREAM = os.path.join(os.path.dirname(TOP), "shared", "upstream")
-OLD_CHART = os.path.join(UPSTREAM, "gpu-operator-v25.10.1", "chart")
-NEW_CHART = os.path.join(UPSTREAM, "gpu-operator", "chart")
-OLD_DRA = os.path.join(UPSTREAM, "dra-driver-nvidia-gpu-v0.4.1", "chart")
-NEW_DRA = os.path.join(UPSTREAM, "dra-driver-nvidia-gpu", "chart")
 POLICY_CRD = os.path.join("crds", "nvidia.com_clusterpolicies.yaml")
 need_upstream = pytest.mark.skipif(not os.path.isdir(OLD_CHART) or not os.path.isdir(NEW_CHART),
                                    reason="the upstream charts are not beside this checkout (../shared/upstream)")
@@ -46,15 +40,6 @@ def _load(path):
 
 def load(path):
     return copy.deepcopy(_load(path))
-
-
-def helm_binary():
-    """The lab's helm (lab/kubebuild.py's cache, shared by the machine's checkouts), else one on PATH."""
-    caches = [os.environ.get("GPUOPS_KUBE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpuops-sandbox", "kube")]
-    found = sorted(p for cache in caches if os.path.isdir(cache)
-                   for p in (os.path.join(cache, d, "helm") for d in os.listdir(cache)) if os.access(p, os.X_OK))
-    return found[-1] if found else shutil.which("helm")
 
 
 @functools.lru_cache(maxsize=None)

@@ -140,12 +140,19 @@ def versions_added(node, where):
 
 
 def plugin_docs():
-    """(path, DOCUMENTATION parsed) of every module and plugin that has one."""
+    """(path, DOCUMENTATION parsed) of every module and plugin that has one, in its .py or in the YAML file beside it
+    (the filters' documentation)."""
     for root, _dirs, files in os.walk(os.path.join(TOP, "plugins")):
         for name in sorted(files):
+            path = os.path.join(root, name)
+            if name.endswith(".yml") and name[:-4] + ".py" in files:
+                with open(path, encoding="utf-8") as handle:
+                    sidecar = yaml.safe_load(handle)
+                if isinstance(sidecar, dict) and "DOCUMENTATION" in sidecar:
+                    yield os.path.relpath(path, TOP), sidecar["DOCUMENTATION"]
+                continue
             if not name.endswith(".py"):
                 continue
-            path = os.path.join(root, name)
             with open(path, encoding="utf-8") as handle:
                 tree = ast.parse(handle.read(), path)
             for stmt in tree.body:

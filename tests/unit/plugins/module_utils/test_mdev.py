@@ -21,17 +21,8 @@ from ansible_collections.gpuops.sandbox.plugins.module_utils import _mdev, _sysf
 from ansible_collections.gpuops.sandbox.plugins.module_utils._sysfs import SysfsError
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.mdev_hosts import (
     A100_PF, A100_VFS, L40S_PF, L40S_VFS, VGPU_HEADER, MdevKernel, avail, build_a100, build_l40s, build_mtty, install)
-from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import FakeTree, _oserror
-
-
-def fake_host(path, monkeypatch, *builders):
-    """A fake tree at ``path`` with the mdev kernel installed and ``builders`` run on it; ``(tree, kernel)``."""
-    tree = FakeTree(path)
-    kernel = MdevKernel(tree)
-    install(monkeypatch, kernel)
-    for builder in builders:
-        builder(tree, kernel)
-    return tree, kernel
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import FakeTree
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.mdev_fakes import fake_host, refuse_create
 
 
 @pytest.fixture
@@ -326,21 +317,7 @@ def test_rollback_in_reverse_order_when_kernel_refuses(host):
     before = tree.snapshot()
     plan = _mdev.build_plan(request(type="mtty-1", count=3), tree.root)
     third = plan["create"][2]["uuid"]
-
-    def refuse_third(_kernel, _path, rel, value):
-        if rel.endswith("/create") and value == third:
-            raise _oserror(errno.ENOSPC, rel)
-        return False
-
-    kernel.hooks.append(refuse_third)
-    # hooks only run for writes MdevKernel passes down; route create through them too
-    original = kernel.mdev_create
-
-    def create(path, rel, value):
-        refuse_third(kernel, path, rel, value)
-        return original(path, rel, value)
-
-    kernel.mdev_create = create
+    refuse_create(kernel, third, errno.ENOSPC)
     with pytest.raises(_mdev.MdevError) as info:
         _mdev.apply_plan(plan, tree.root, 0)
     assert "No space left on device" in info.value.msg
@@ -354,14 +331,7 @@ def test_rollback_continues_past_errors_and_reports_them(host):
     tree, kernel = host
     plan = _mdev.build_plan(request(type="mtty-1", count=3), tree.root)
     first, second, third = (e["uuid"] for e in plan["create"])
-    original = kernel.mdev_create
-
-    def create(path, rel, value):
-        if value == third:
-            raise _oserror(errno.ENOSPC, rel)
-        return original(path, rel, value)
-
-    kernel.mdev_create = create
+    refuse_create(kernel, third, errno.ENOSPC)
     kernel.refuse["%s/remove" % second] = errno.EBUSY
     with pytest.raises(_mdev.MdevError) as info:
         _mdev.apply_plan(plan, tree.root, 0)

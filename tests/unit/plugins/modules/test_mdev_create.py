@@ -23,12 +23,10 @@ from ansible_collections.gpuops.sandbox.tests.unit.fakes.mdev_hosts import (
     A100_VFS,
     L40S_PF,
     L40S_VFS,
-    MdevKernel,
     avail,
     build_a100,
     build_l40s,
     build_mtty,
-    install,
 )
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import (
     TIMEOUTS_OUT_OF_BOUNDS,
@@ -36,8 +34,9 @@ from ansible_collections.gpuops.sandbox.tests.unit.fakes.module_harness import (
     raise_on_exit,
     run_main,
 )
-from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import FakeTree, _oserror
+from ansible_collections.gpuops.sandbox.tests.unit.fakes.sriov_kernel import FakeTree
 from ansible_collections.gpuops.sandbox.tests.unit.fakes.sysfs_tree import HOSTILE_VALUES, failing_atomic_move
+from ansible_collections.gpuops.sandbox.tests.unit.plugins.mdev_fakes import fake_host, refuse_create
 
 UUID1 = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 
@@ -52,17 +51,6 @@ def run(tree, args, check=False, diff=False):
     full = dict(args)
     full.setdefault("timeout", 0)
     return run_main(mdev_create, tree.root, full, check=check, diff=diff)
-
-
-def fake_host(path, monkeypatch, *builders):
-    """A fake tree with the mdev kernel installed and ``builders`` run on it, its writes forgotten."""
-    tree = FakeTree(path)
-    kernel = MdevKernel(tree)
-    install(monkeypatch, kernel)
-    for builder in builders:
-        builder(tree, kernel)
-    kernel.writes.clear()
-    return tree, kernel
 
 
 @pytest.fixture
@@ -252,14 +240,7 @@ def test_kernel_refusal_rolls_back_and_persists_nothing(host):
     tree, kernel = host
     before = tree.snapshot()
     third = _mdev.derive_uuid("mtty", "mtty-1", 2)
-    original = kernel.mdev_create
-
-    def create(path, rel, value):
-        if value == third:
-            raise _oserror(errno.EIO, rel)
-        return original(path, rel, value)
-
-    kernel.mdev_create = create
+    refuse_create(kernel, third, errno.EIO)
     result, failed = run(tree, {"type": "mtty-1", "parents": ["mtty"], "count": 3})
     assert failed and result["kind"] == "apply"
     assert "Input/output error" in result["msg"] and "rolled back 2 change(s) of this run" in result["msg"]
