@@ -68,3 +68,22 @@ def test_host_prepare_stops_on_an_input_the_plan_was_not_worked_out_from(monkeyp
         "host_prepare on h200 was given other inputs than the plan of the preflight role was worked out from: vendors "
         "[\"10de:2335\"] here, [\"10de\"] in the plan; iommu_pt false here, true in the plan. Give both roles the same "
         "values (preflight_<name> and host_prepare_<name>; the gpuops_ variables set both). Nothing was changed.")
+
+
+def test_host_prepare_stops_on_vgpu_inputs_the_plan_was_not_worked_out_from(monkeypatch, tmp_path):
+    """A vm-vgpu node's VF and vGPU device calls come from the plan: another configuration name or VF count given to
+    host_prepare alone would be ignored without a word, so the check names it (the vgpu entry of the settings)."""
+    config = {"version": "v1", "vgpu-configs": {"H200-8C": [{"devices": "all", "vgpu-devices": {"H200-8C": 2}}],
+                                                "H200-16C": [{"devices": "all", "vgpu-devices": {"H200-16C": 1}}]}}
+    plan = plan_of(monkeypatch, h200_facts(monkeypatch, tmp_path), "vm-vgpu", selectors=NVIDIA,
+                   vgpu_device_config=config, vgpu_config_name="H200-8C", sriov_numvfs="4")
+    assert plan["settings"]["vgpu"]["config_name"] == "H200-8C" and plan["settings"]["vgpu"]["sriov_numvfs"] == 4
+    same = {"gpuops_vgpu_device_config": config, "gpuops_vgpu_config_name": "H200-8C", "gpuops_sriov_numvfs": 4}
+    assert differing(plan, **same)[0] == []
+    names, message = differing(plan, **dict(same, host_prepare_vgpu_config_name="H200-16C"))
+    assert names == ["vgpu"], names
+    assert '"config_name": "H200-16C"' in message and '"config_name": "H200-8C"' in message, message
+    # Elsewhere the vGPU inputs shape no call and are not compared.
+    passthrough = plan_of(monkeypatch, h200_facts(monkeypatch, tmp_path / "p"), "vm-passthrough", selectors=NVIDIA)
+    assert "vgpu" not in passthrough["settings"]
+    assert differing(passthrough, host_prepare_vgpu_config_name="H200-16C")[0] == []
