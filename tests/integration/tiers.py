@@ -150,13 +150,15 @@ LAB_WORK = [
     Part("module targets", "lab-modules", "each module's target on the real kernel: kernel_cmdline, a power loss "
          "and the lab CLI's crash recovery, then the other targets on the IOMMU-enabled kernel", after="boot"),
     Part("scenario container", "lab-container", "first preparation of a container node from pristine, one reboot, "
-         "testinfra verify (the no-op second run: test_95)", after="boot"),
+         "testinfra verify, the host held to the plan plan.yml made before and planned again to nothing (the no-op "
+         "second run: test_95)", after="boot"),
     Part("scenario vm_passthrough", "lab-passthrough", "check mode, first preparation of a vm-passthrough node "
-         "from pristine, one reboot, testinfra verify with a nested guest (the no-op second run: test_95)", after="boot"),
+         "from pristine, one reboot, testinfra verify with a nested guest and against the plan made before (the no-op "
+         "second run: test_95)", after="boot"),
     Part("scenario vm_vgpu", "lab-vgpu", "check mode, first preparation of a vm-vgpu node from pristine, one reboot, "
-         "testinfra verify (the no-op second run: test_95)", after="boot"),
+         "testinfra verify against the plan made before (the no-op second run: test_95)", after="boot"),
     Part("scenario dra", "lab-dra", "first preparation of a dra node from pristine, one reboot, testinfra "
-         "verify (the no-op second run: test_95)", after="boot"),
+         "verify against the plan made before (the no-op second run: test_95)", after="boot"),
     Part("preflight failures", "lab-container", "four preflight refusals that change nothing",
          after="scenario container"),
     Part("held host", "lab-container", "a run stopped by another run's lock, then run with the lock broken",
