@@ -63,3 +63,18 @@ def check_nothing_left_to_plan(host, tmp_path):
     assert plan["changes"] == [] and plan["refusals"] == [], (plan["changes"], plan["refusals"], out[-3000:])
     assert plan["empty"] is True and plan["reboot"]["required"] is False, plan
     assert "Traceback" not in out and "changed=0" in out, out[-3000:]
+
+
+def scenario_tests(workload_type):
+    """The two verifier tests of a scenario whose node is of ``workload_type``, for its tests/test_plan.py."""
+
+    def test_the_host_is_what_its_plan_said(host):
+        plan = check_host_is_as_planned(host)
+        assert plan["workload_type"] == workload_type, plan["workload_type"]
+        # From pristine the preparation reboots once (the kernel arguments, the initramfs): the plan said so first.
+        assert plan["reboot"]["required"] is True, plan["reboot"]
+
+    def test_nothing_is_left_to_plan(host, tmp_path):
+        check_nothing_left_to_plan(host, tmp_path)
+
+    return test_the_host_is_what_its_plan_said, test_nothing_is_left_to_plan

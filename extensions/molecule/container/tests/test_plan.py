@@ -1,5 +1,5 @@
-"""The container node against the plan playbooks/plan.yml made of it before the converge (shared/plan_before.yml): the
-host shows what the plan said, its one reboot included, and plan.yml on it now finds nothing to change."""
+"""The container node held to the plan playbooks/plan.yml made of it before the converge, then planned again to nothing
+(the checks: shared/plan_checks.py)."""
 
 import importlib.util
 import os
@@ -9,13 +9,4 @@ _SPEC = importlib.util.spec_from_file_location(
 plan_checks = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(plan_checks)
 
-
-def test_the_host_is_what_its_plan_said(host):
-    plan = plan_checks.check_host_is_as_planned(host)
-    assert plan["workload_type"] == "container", plan["workload_type"]
-    # From pristine the preparation reboots once (the kernel arguments, the initramfs): the plan said so first.
-    assert plan["reboot"]["required"] is True, plan["reboot"]
-
-
-def test_nothing_is_left_to_plan(host, tmp_path):
-    plan_checks.check_nothing_left_to_plan(host, tmp_path)
+test_the_host_is_what_its_plan_said, test_nothing_is_left_to_plan = plan_checks.scenario_tests("container")
